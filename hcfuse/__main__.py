@@ -1,0 +1,5 @@
+import sys
+
+from hcfuse.cli import main
+
+sys.exit(main())
