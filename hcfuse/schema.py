@@ -1,0 +1,265 @@
+"""ONNX schema of com.microsoft::HyperConnectionLowRankMix with type and shape inference.
+
+`_infer` runs on whatever ONNX knows, which inside ONNX Runtime's symbolic shape inference is often
+partial (that tool calls ONNX single-node inference before its own handlers). So it fills in what
+the known facts imply and raises `InferenceError` only when known facts contradict each other:
+an exception raised here escapes ONNX's inference even outside strict mode.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx import TensorProto, TypeProto
+from onnx.defs import OpSchema
+from onnx.shape_inference import InferenceError
+
+from hcfuse._op import (
+    ATTRIBUTES,
+    DOMAIN,
+    ELEMENT_TYPES,
+    FLOAT_ATTRIBUTES,
+    INPUTS,
+    NUM_REQUIRED_INPUTS,
+    NUM_REQUIRED_OUTPUTS,
+    OP_TYPE,
+    OUTPUTS,
+    SINCE_VERSION,
+)
+
+_DOC = f"""
+Fused hyper-connection block: optional prologue, branchwise RMS norm, low-rank gate, stream reduction
+and post gate. Replaces the chain HyperConnectionPostMix -> BranchwiseRMSNorm -> MatMul -> ScaledSiLU
+-> MatMul -> Sigmoid -> HyperConnectionPreMix plus MatMul -> [Div] -> Sigmoid -> [Mul].
+
+Shapes (C = num_branches; `...` any leading dims, rows = their product, zero rows valid):
+streams (..., C*H), norm_scale (C*H), down_weight (C*H, R), up_weight (R, C*H), inject_weight (C*H, C),
+optional pair prev_block_output (..., H) and prev_post_gate (..., C) (both or neither);
+outputs pre_output (..., H), post_gate (..., C), optional streams_out (..., C*H).
+
+Per row (c indexes branches, h features within a branch):
+  S    = streams + prev_post_gate[c] * prev_block_output[h]   (prologue; else S = streams)
+  hn   = S / sqrt(mean_h(S^2) + epsilon) * norm_scale          per branch
+  d    = ScaledSiLU(hn @ down_weight, silu_alpha)
+  g    = sigmoid(d @ up_weight)
+  pre_output = reduction_scale * sum_c(hn * g)
+  post_gate  = sigmoid((hn @ inject_weight) / gate_div) * gate_mul
+  streams_out = S
+
+Numerics contract: every matrix product and reduction accumulates in fp32; each step is rounded once
+to T where the equivalent standard operator would round: S, hn, down, Z = silu_alpha * down,
+SG = sigmoid(Z), hidden = Z * SG, up, g, pre_output, inject, post_gate (post_gate computed in fp32
+from the rounded inject, rounded once). Sigmoid is an accurate fp32 sigmoid rounded once to T.
+Accumulation order is fixed: results are deterministic and row independent.
+Type T: {", ".join(f"tensor({TensorProto.DataType.Name(t).lower()})" for t in ELEMENT_TYPES)}.
+"""
+
+# Input positions, from the single source of truth.
+_STREAMS, _NORM, _DOWN, _UP, _INJECT, _PREV_OUT, _PREV_GATE = range(len(INPUTS))
+_PRE, _GATE, _STREAMS_OUT = range(len(OUTPUTS))
+
+_TYPE_STRS = [f"tensor({TensorProto.DataType.Name(t).lower()})" for t in ELEMENT_TYPES]
+
+
+def make_schema() -> OpSchema:
+    """The OpSchema of the fused op, inference function attached."""
+    single, optional = OpSchema.FormalParameterOption.Single, OpSchema.FormalParameterOption.Optional
+
+    def param(name: str, index: int, required: int) -> OpSchema.FormalParameter:
+        return OpSchema.FormalParameter(name, "T", param_option=single if index < required else optional)
+
+    attrs = [OpSchema.Attribute("num_branches", OpSchema.AttrType.INT, "number of streams C", required=True)]
+    attrs += [OpSchema.Attribute(name, onnx.helper.make_attribute(name, float(ATTRIBUTES[name])), name) for name in FLOAT_ATTRIBUTES]
+    schema = OpSchema(
+        OP_TYPE,
+        DOMAIN,
+        SINCE_VERSION,
+        _DOC,
+        inputs=[param(n, i, NUM_REQUIRED_INPUTS) for i, n in enumerate(INPUTS)],
+        outputs=[param(n, i, NUM_REQUIRED_OUTPUTS) for i, n in enumerate(OUTPUTS)],
+        type_constraints=[("T", _TYPE_STRS, "float, float16 or bfloat16; the same for every input and output")],
+        attributes=attrs,
+        node_determinism=OpSchema.NodeDeterminism.Deterministic,
+    )
+    schema.set_type_and_shape_inference_function(_infer)
+    return schema
+
+
+def _is_registered() -> bool:
+    try:
+        return onnx.defs.get_schema(OP_TYPE, SINCE_VERSION, DOMAIN).since_version == SINCE_VERSION
+    except onnx.defs.SchemaError:
+        return False
+
+
+def register_schema() -> bool:
+    """Register the schema with ONNX unless ONNX already knows the op; True when this call added it."""
+    if _is_registered():
+        return False
+    onnx.defs.register_schema(make_schema())
+    return True
+
+
+def deregister_schema() -> None:
+    """Remove the schema (tests); a no-op when it is not registered."""
+    if _is_registered():
+        onnx.defs.deregister_schema(OP_TYPE, SINCE_VERSION, DOMAIN)
+
+
+# ---- inference ------------------------------------------------------------------------------
+
+# A dim is an int (known), a str (symbol) or None (unknown); a shape is a list of dims or None.
+Dim = int | str | None
+
+
+def _shape_of(tp: TypeProto | None) -> list[Dim] | None:
+    if tp is None or not tp.tensor_type.HasField("shape"):
+        return None
+    return [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param if d.HasField("dim_param") else None)
+        for d in tp.tensor_type.shape.dim
+    ]
+
+
+def _known(d: Dim) -> bool:
+    return isinstance(d, int)
+
+
+def _fmt(shape: list[Dim]) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+class _Facts:
+    """Known sizes gathered from the inputs; `agree` records a size or raises on a contradiction."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.sizes: dict[str, tuple[int, str]] = {}  # "CH" -> (value, "input[dim]" it came from)
+
+    def agree(self, key: str, value: Dim, source: str) -> None:
+        if not _known(value):
+            return
+        seen = self.sizes.get(key)
+        if seen is None:
+            self.sizes[key] = (value, source)
+        elif seen[0] != value:
+            raise InferenceError(
+                f"{self.where}: {source} = {value} but {seen[1]} = {seen[0]}; both must be {key}"
+            )
+
+    def get(self, key: str) -> int | None:
+        return self.sizes[key][0] if key in self.sizes else None
+
+
+def _elem_type(ctx, present: list[int], where: str) -> int:
+    """T from streams (else the first typed input); every known element type must agree."""
+    found = 0
+    for i in present:
+        tp = ctx.get_input_type(i)
+        t = tp.tensor_type.elem_type if tp is not None else 0
+        if not t:
+            continue
+        if t not in ELEMENT_TYPES:
+            raise InferenceError(f"{where}: {INPUTS[i]} has element type {TensorProto.DataType.Name(t)}; T must be one of {_TYPE_STRS}")
+        if found and t != found:
+            raise InferenceError(
+                f"{where}: {INPUTS[i]} has element type {TensorProto.DataType.Name(t)} but "
+                f"{INPUTS[present[0]]} has {TensorProto.DataType.Name(found)}; all inputs must share T"
+            )
+        found = found or t
+    return found
+
+
+def _check_rank(name: str, shape: list[Dim] | None, rank: int, spelled: str, where: str) -> None:
+    if shape is not None and len(shape) != rank:
+        raise InferenceError(f"{where}: {name} must be {spelled}; got rank {len(shape)} shape {_fmt(shape)}")
+
+
+def _merge_leading(where: str, lead: list[tuple[str, list[Dim]]]) -> list[Dim] | None:
+    """Leading dims shared by streams and the prologue inputs (no broadcasting): values win over symbols."""
+    lead = [(n, s) for n, s in lead if s is not None]
+    if not lead:
+        return None
+    first_name, merged = lead[0][0], list(lead[0][1])
+    for name, dims in lead[1:]:
+        if len(dims) != len(merged):
+            raise InferenceError(
+                f"{where}: {name} has {len(dims)} leading dims {_fmt(dims)} but {first_name} has "
+                f"{len(merged)} {_fmt(merged)}; leading dims must be equal (no broadcasting)"
+            )
+        for k, (a, b) in enumerate(zip(merged, dims)):
+            if _known(a) and _known(b) and a != b:
+                raise InferenceError(
+                    f"{where}: {name} leading dim {k} is {b} but {first_name}'s is {a}; leading dims must be equal"
+                )
+            if not _known(a) and (_known(b) or a is None):
+                merged[k] = b
+    return merged
+
+
+def _tensor_type(elem_type: int, shape: list[Dim] | None) -> TypeProto:
+    return onnx.helper.make_tensor_type_proto(elem_type, shape)
+
+
+def _infer(ctx) -> None:
+    """Type and shape inference: fill what the known facts imply, raise only on contradictions."""
+    where = f"{OP_TYPE} ({ctx.get_display_name()})"
+    attr = ctx.get_attribute("num_branches")
+    if attr is None:
+        raise InferenceError(f"{where}: required attribute num_branches is missing")
+    c = attr.i
+    if c <= 0:
+        raise InferenceError(f"{where}: num_branches must be > 0; got {c}")
+
+    n_in = ctx.get_num_inputs()
+    present = [i for i in range(n_in) if ctx.has_input(i)]
+    has_prev = [i in present for i in (_PREV_OUT, _PREV_GATE)]
+    if has_prev[0] != has_prev[1]:
+        given, missing = (INPUTS[_PREV_OUT], INPUTS[_PREV_GATE])[:: 1 if has_prev[0] else -1]
+        raise InferenceError(f"{where}: {given} is given without {missing}; the prologue inputs come as a pair")
+    elem_type = _elem_type(ctx, present, where)
+    shapes = {i: _shape_of(ctx.get_input_type(i)) for i in present}
+
+    facts = _Facts(where)
+    facts.agree("C", c, "num_branches")
+    streams = shapes[_STREAMS]
+    if streams is not None and not streams:
+        raise InferenceError(f"{where}: streams must be (..., C*H) with rank >= 1; got a scalar")
+    if streams is not None:
+        facts.agree("CH", streams[-1], "streams[-1]")
+    for i, spelled, keys in (
+        (_NORM, "(C*H,)", ("CH",)),
+        (_DOWN, "(C*H, R)", ("CH", "R")),
+        (_UP, "(R, C*H)", ("R", "CH")),
+        (_INJECT, "(C*H, C)", ("CH", "C")),
+    ):
+        s = shapes.get(i)
+        _check_rank(INPUTS[i], s, len(keys), spelled, where)
+        for k, (key, d) in enumerate(zip(keys, s or ())):
+            facts.agree(key, d, f"{INPUTS[i]}[{k}]")
+    width = facts.get("CH")
+    if width is not None and width % c:
+        raise InferenceError(f"{where}: width C*H = {width} ({facts.sizes['CH'][1]}) is not divisible by num_branches = {c}")
+    if width is not None:
+        facts.agree("H", width // c, f"{facts.sizes['CH'][1]} / num_branches")
+
+    lead = [(INPUTS[_STREAMS], streams[:-1] if streams else None)]
+    for i, key in ((_PREV_OUT, "H"), (_PREV_GATE, "C")):
+        s = shapes.get(i)
+        if s is not None and not s:
+            raise InferenceError(f"{where}: {INPUTS[i]} must be (..., {key}) with rank >= 1; got a scalar")
+        if s:
+            facts.agree(key, s[-1], f"{INPUTS[i]}[-1]")
+            lead.append((INPUTS[i], s[:-1]))
+    leading = _merge_leading(where, lead)
+    h = facts.get("H")
+    width_dim: Dim = h * c if h is not None else (streams[-1] if streams else None)
+
+    if not elem_type:  # nothing typed yet: an UNDEFINED element type would be an error, so set nothing
+        return
+    last = {_PRE: h, _GATE: c, _STREAMS_OUT: width_dim}
+    for o in range(ctx.get_num_outputs()):
+        if ctx.has_output(o):
+            shape = None if leading is None else [*leading, last[o]]
+            ctx.set_output_type(o, _tensor_type(elem_type, shape))
