@@ -1,0 +1,62 @@
+"""`python -m models.build OUT.onnx [options]`: writes a decode graph with the stock hyper-connection chain.
+
+Example (the full-size 96-block bf16 model, ~2.5 GB of weights in OUT.onnx.data):
+    python -m models.build qwen96.onnx --blocks 96 --dtype bfloat16 --external-data
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import ml_dtypes
+import numpy as np
+
+from hcfuse import _op
+from models.qwen_decode import save_decode_model
+
+_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _dims(text: str) -> tuple:
+    return tuple(int(d) if d.lstrip("-").isdigit() else d for d in text.split(",") if d)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    q = _op.QWEN_CONFIG
+    p = argparse.ArgumentParser(prog="python -m models.build", description=__doc__.splitlines()[0])
+    p.add_argument("output", help="path of the .onnx file to write")
+    p.add_argument("--blocks", type=int, default=q["num_blocks"], help="hyper-connection blocks (default %(default)s)")
+    p.add_argument("--branches", "-C", type=int, default=q["num_branches"], dest="C")
+    p.add_argument("--hidden", "-H", type=int, default=q["hidden"], dest="H")
+    p.add_argument("--rank", "-R", type=int, default=q["rank"], dest="R")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    p.add_argument("--separate", action="store_true", help="separate down/inject MatMuls instead of the packed one")
+    p.add_argument("--leading-dims", type=_dims, default=("batch", "seq"), help="comma list, e.g. batch,seq or 1,1")
+    p.add_argument("--sublayer", choices=("matmul", "identity"), default="matmul")
+    p.add_argument("--final-mix", action="store_true", help="append the final mix without the inject half")
+    p.add_argument("--weight-sets", type=int, default=None, help="blocks cycle through this many weight sets")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--external-data", action="store_true", help="weights in OUTPUT.data next to the model")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    q = _op.QWEN_CONFIG
+    try:
+        save_decode_model(
+            a.output, a.blocks, external_data=a.external_data, C=a.C, H=a.H, R=a.R, dtype=_DTYPES[a.dtype],
+            packed=not a.separate, leading_dims=a.leading_dims, sublayer=a.sublayer, final_mix=a.final_mix,
+            num_weight_sets=a.weight_sets, seed=a.seed, gate_div=q["gate_div"], gate_mul=q["gate_mul"],
+            epsilon=q["epsilon"], reduction_scale=q["reduction_scale"], silu_alpha=q["silu_alpha"],
+        )
+    except (ValueError, OSError) as e:
+        print(f"models.build: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.output}: {a.blocks} blocks, C={a.C} H={a.H} R={a.R} {a.dtype}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
