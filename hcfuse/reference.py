@@ -1,0 +1,175 @@
+"""NumPy reference of com.microsoft::HyperConnectionLowRankMix (SPEC.md, "Numerics contract").
+
+Every kernel test compares against this. All arithmetic is fp32; each step is rounded once to the
+element type T exactly where SPEC.md says (S, hn, down, Z, SG, hidden, up, g, pre_output, inject,
+post_gate). Accumulation order is fixed and spelled out, so a kernel that follows it can match
+bit for bit:
+
+- dot products (hn @ down_weight, hn @ inject_weight, hidden @ up_weight) and the sum of squares
+  of the norm accumulate sequentially over k = 0, 1, ..., K-1 into an fp32 accumulator that starts
+  at 0, each step a separately rounded multiply and add (no fused multiply-add);
+- pre_output sums branches c = 0, ..., C-1 the same way, then multiplies by reduction_scale;
+- sigmoid(x) = 1 / (1 + e) in fp32 with e = exp(-x) correctly rounded to fp32 (computed in
+  float64 and rounded once; an accurate expf gives the same e).
+
+T is np.float32, np.float16 or ml_dtypes.bfloat16, the same for every input and output.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from hcfuse._op import ATTRIBUTES, INPUTS, OP_TYPE
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_F32 = np.float32
+
+
+def _round(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Rounds fp32 values to T (round to nearest even) and returns them as fp32 again."""
+    return x.astype(dtype).astype(_F32)
+
+
+def sigmoid_f32(x: np.ndarray) -> np.ndarray:
+    """fp32 sigmoid 1 / (1 + exp(-x)) with a correctly rounded fp32 exp."""
+    x = np.asarray(x, dtype=_F32)
+    with np.errstate(over="ignore"):
+        e = np.exp(-x.astype(np.float64)).astype(_F32)
+    return _F32(1.0) / (_F32(1.0) + e)
+
+
+def matmul_seq_f32(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(rows, K) @ (K, N) in fp32, accumulating sequentially over k (the contract's order)."""
+    acc = np.zeros((x.shape[0], w.shape[1]), dtype=_F32)
+    for k in range(x.shape[1]):
+        acc += x[:, k : k + 1] * w[k]
+    return acc
+
+
+def _check_shapes(streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, C):
+    """Validates shapes and dtypes like the kernels do; returns (H, R)."""
+    op = OP_TYPE
+    given = dict(zip(INPUTS, (streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate)))
+    dtype = streams.dtype
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{op}: streams must be float32, float16 or bfloat16; got {dtype}")
+    for name, value in given.items():
+        if value is not None and value.dtype != dtype:
+            raise TypeError(f"{op}: {name} must have the dtype of streams ({dtype}); got {value.dtype}")
+    if not isinstance(C, (int, np.integer)) or C <= 0:
+        raise ValueError(f"{op}: attribute num_branches must be a positive integer; got {C!r}")
+    if streams.ndim < 1:
+        raise ValueError(f"{op}: streams must have rank >= 1 (..., C*H); got a scalar")
+    width = streams.shape[-1]
+    if width == 0 or width % C:
+        raise ValueError(f"{op}: the last dim of streams (C*H = {width}) must be a positive multiple of num_branches = {C}")
+    H = width // C
+    if norm_scale.shape != (width,):
+        raise ValueError(f"{op}: norm_scale must be (C*H,) = ({width},); got {norm_scale.shape}")
+    if down_weight.ndim != 2 or down_weight.shape[0] != width or down_weight.shape[1] < 1:
+        raise ValueError(f"{op}: down_weight must be (C*H, R) = ({width}, R) with R >= 1; got {down_weight.shape}")
+    R = down_weight.shape[1]
+    if up_weight.shape != (R, width):
+        raise ValueError(f"{op}: up_weight must be (R, C*H) = ({R}, {width}); got {up_weight.shape}")
+    if inject_weight.shape != (width, C):
+        raise ValueError(f"{op}: inject_weight must be (C*H, C) = ({width}, {C}); got {inject_weight.shape}")
+    if (prev_block_output is None) != (prev_post_gate is None):
+        only = "prev_block_output" if prev_post_gate is None else "prev_post_gate"
+        raise ValueError(f"{op}: prev_block_output and prev_post_gate must be given together or not at all; got only {only}")
+    lead = streams.shape[:-1]
+    if prev_block_output is not None:
+        if prev_block_output.shape != (*lead, H):
+            raise ValueError(f"{op}: prev_block_output must be (..., H) = {(*lead, H)}; got {prev_block_output.shape}")
+        if prev_post_gate.shape != (*lead, C):
+            raise ValueError(f"{op}: prev_post_gate must be (..., C) = {(*lead, C)}; got {prev_post_gate.shape}")
+    return H, R
+
+
+def hc_lowrank_mix(
+    streams,
+    norm_scale,
+    down_weight,
+    up_weight,
+    inject_weight,
+    prev_block_output=None,
+    prev_post_gate=None,
+    *,
+    num_branches: int,
+    epsilon: float = ATTRIBUTES["epsilon"],
+    reduction_scale: float = ATTRIBUTES["reduction_scale"],
+    silu_alpha: float = ATTRIBUTES["silu_alpha"],
+    gate_div: float = ATTRIBUTES["gate_div"],
+    gate_mul: float = ATTRIBUTES["gate_mul"],
+):
+    """Returns (pre_output (..., H), post_gate (..., C), streams_out (..., C*H)), all of dtype T."""
+    steps = hc_lowrank_mix_steps(
+        streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate,
+        num_branches=num_branches, epsilon=epsilon, reduction_scale=reduction_scale, silu_alpha=silu_alpha,
+        gate_div=gate_div, gate_mul=gate_mul)
+    return steps["pre_output"], steps["post_gate"], steps["S"]
+
+
+def hc_lowrank_mix_steps(
+    streams,
+    norm_scale,
+    down_weight,
+    up_weight,
+    inject_weight,
+    prev_block_output=None,
+    prev_post_gate=None,
+    *,
+    num_branches: int,
+    epsilon: float = ATTRIBUTES["epsilon"],
+    reduction_scale: float = ATTRIBUTES["reduction_scale"],
+    silu_alpha: float = ATTRIBUTES["silu_alpha"],
+    gate_div: float = ATTRIBUTES["gate_div"],
+    gate_mul: float = ATTRIBUTES["gate_mul"],
+) -> dict[str, np.ndarray]:
+    """Every rounding point of the contract, keyed by SPEC's name (S, hn, down, Z, SG, hidden, up, g,
+    pre_output, inject, post_gate), as arrays of dtype T shaped (..., last dim of the step)."""
+    arrays = [None if a is None else np.asarray(a) for a in
+              (streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate)]
+    streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate = arrays
+    C = num_branches
+    H, R = _check_shapes(*arrays, C)
+    T = streams.dtype
+    lead = streams.shape[:-1]
+    rows = int(np.prod(lead, dtype=np.int64))
+    eps, rs, alpha, gdiv, gmul = (_F32(v) for v in (epsilon, reduction_scale, silu_alpha, gate_div, gate_mul))
+
+    x = streams.reshape(rows, C, H).astype(_F32)
+    if prev_block_output is not None:  # S = streams + prev_post_gate[c] * prev_block_output[h]
+        pbo = prev_block_output.reshape(rows, 1, H).astype(_F32)
+        ppg = prev_post_gate.reshape(rows, C, 1).astype(_F32)
+        x = _round(x + ppg * pbo, T)  # rounding point: S
+
+    ss = np.zeros((rows, C), dtype=_F32)
+    for h in range(H):
+        ss += x[:, :, h] * x[:, :, h]
+    inv_rms = _F32(1.0) / np.sqrt(ss / _F32(H) + eps)
+    scale = norm_scale.astype(_F32).reshape(C, H)
+    hn = _round(x * inv_rms[:, :, None] * scale, T).reshape(rows, C * H)  # rounding point: hn
+
+    # one pass over k for both products that read hn: columns [0, R) are down, [R, R+C) inject
+    w_hn = np.concatenate([down_weight.astype(_F32), inject_weight.astype(_F32)], axis=1)
+    acc = matmul_seq_f32(hn, w_hn)
+    down = _round(acc[:, :R], T)  # rounding point: down
+    inject = _round(acc[:, R:], T)  # rounding point: inject
+
+    z = _round(alpha * down, T)  # rounding point: Z
+    sg = _round(sigmoid_f32(z), T)  # rounding point: SG
+    hidden = _round(z * sg, T)  # rounding point: hidden
+    up = _round(matmul_seq_f32(hidden, up_weight.astype(_F32)), T)  # rounding point: up
+    g = _round(sigmoid_f32(up), T).reshape(rows, C, H)  # rounding point: g
+
+    hn3 = hn.reshape(rows, C, H)
+    mix = np.zeros((rows, H), dtype=_F32)
+    for c in range(C):
+        mix += hn3[:, c] * g[:, c]
+    pre_output = (rs * mix).astype(T)  # rounding point: pre_output
+    post_gate = (sigmoid_f32(inject / gdiv) * gmul).astype(T)  # rounding point: post_gate
+
+    steps = {"S": x.reshape(rows, C * H), "hn": hn, "down": down, "Z": z, "SG": sg, "hidden": hidden, "up": up,
+             "g": g.reshape(rows, C * H), "pre_output": pre_output, "inject": inject, "post_gate": post_gate}
+    return {k: v.astype(T).reshape(*lead, v.shape[-1]) for k, v in steps.items()}

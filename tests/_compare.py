@@ -1,0 +1,126 @@
+"""Comparison helpers (bit equality, ulp distance in T) and onnxruntime binding that handles bfloat16.
+
+Every failure message carries the shape, dtype and row count of what was compared and a mask of
+the mismatching cells, so a failing parametrized case says where it broke.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_INT_OF = {np.dtype(np.float32): np.int32, np.dtype(np.float16): np.int16, BFLOAT16: np.int16}
+_UINT_OF = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16, BFLOAT16: np.uint16}
+_SHOW = 8  # mismatching cells listed in a message
+
+
+def _describe(a: np.ndarray, what: str) -> str:
+    rows = int(np.prod(a.shape[:-1], dtype=np.int64)) if a.ndim else 1
+    return f"{what}: shape {a.shape}, dtype {a.dtype}, rows {rows}"
+
+
+def _check_same_kind(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != expected {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != expected {expected.dtype}"
+    assert actual.dtype in _INT_OF, f"{what}: unsupported dtype {actual.dtype}"
+
+
+def _mismatch_report(actual, expected, mask, dist, what) -> str:
+    idx = np.argwhere(mask)
+    lines = [f"{_describe(actual, what)}: {len(idx)} of {actual.size} cells differ"]
+    for i in idx[:_SHOW]:
+        t = tuple(int(v) for v in i)
+        extra = f" ({int(dist[t])} ulp)" if dist is not None else ""
+        lines.append(f"  at {t}: got {actual[t]!r}, expected {expected[t]!r}{extra}")
+    if mask.ndim >= 1 and mask.size:
+        bad_rows = np.argwhere(mask.reshape(-1, mask.shape[-1]).any(axis=-1)).ravel()
+        lines.append(f"  rows with mismatches: {bad_rows[:32].tolist()}{' ...' if len(bad_rows) > 32 else ''}")
+    return "\n".join(lines)
+
+
+def assert_bitwise_equal(actual: np.ndarray, expected: np.ndarray, what: str = "output") -> None:
+    """Same bits everywhere (NaNs included): for promises about our own outputs."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    _check_same_kind(actual, expected, what)
+    u = _UINT_OF[actual.dtype]
+    mask = actual.view(u) != expected.view(u)
+    assert not mask.any(), _mismatch_report(actual, expected, mask, None, what)
+
+
+def _ordered(a: np.ndarray) -> np.ndarray:
+    """Maps floats to integers whose order and differences count ulps (+0 and -0 both map to 0)."""
+    i = a.view(_INT_OF[a.dtype]).astype(np.int64)
+    lowest = np.iinfo(_INT_OF[a.dtype]).min
+    return np.where(i < 0, lowest - i, i)
+
+
+def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Per-cell distance in units in the last place of their dtype. NaN vs NaN is 0, NaN vs a number
+    is the largest int64."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    _check_same_kind(actual, expected, "ulp_distance")
+    dist = np.abs(_ordered(actual) - _ordered(expected))
+    an = np.isnan(actual.astype(np.float32))
+    en = np.isnan(expected.astype(np.float32))
+    dist = np.where(an & en, 0, dist)
+    return np.where(an ^ en, np.iinfo(np.int64).max, dist)
+
+
+def max_ulp(actual: np.ndarray, expected: np.ndarray) -> int:
+    d = ulp_distance(actual, expected)
+    return int(d.max()) if d.size else 0
+
+
+def assert_ulp_close(actual: np.ndarray, expected: np.ndarray, max_ulps: int, what: str = "output") -> int:
+    """At most max_ulps apart in every cell; returns the largest distance found."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    _check_same_kind(actual, expected, what)
+    dist = ulp_distance(actual, expected)
+    mask = dist > max_ulps
+    assert not mask.any(), f"bound {max_ulps} ulp exceeded\n" + _mismatch_report(actual, expected, mask, dist, what)
+    return int(dist.max()) if dist.size else 0
+
+
+# ---- onnxruntime binding: its Python API has no bfloat16 numpy type (SPEC "Practical notes")
+
+
+def to_ort_value(array: np.ndarray, device: str = "cpu", device_id: int = 0) -> ort.OrtValue:
+    """An OrtValue holding array on device; bfloat16 travels as its uint16 bits."""
+    array = np.ascontiguousarray(array)
+    if array.dtype == BFLOAT16:
+        value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), TensorProto.BFLOAT16, device, device_id)
+        value.update_inplace(array.view(np.uint16))
+        return value
+    return ort.OrtValue.ortvalue_from_numpy(array, device, device_id)
+
+
+def from_ort_value(value: ort.OrtValue) -> np.ndarray:
+    """A numpy copy of a CPU OrtValue; bfloat16 is read back as uint16 bits and viewed as bfloat16."""
+    if value.element_type() != TensorProto.BFLOAT16:
+        return value.numpy()
+    if value.device_name().lower() != "cpu":
+        raise ValueError(f"from_ort_value: bfloat16 read-back needs a CPU OrtValue; got device {value.device_name()}")
+    shape = tuple(value.shape())
+    n = int(np.prod(shape, dtype=np.int64))
+    if n == 0:
+        return np.zeros(shape, dtype=BFLOAT16)
+    buf = (ctypes.c_uint16 * n).from_address(value.data_ptr())
+    return np.frombuffer(buf, dtype=np.uint16).copy().view(BFLOAT16).reshape(shape)
+
+
+def run_bound(session: ort.InferenceSession, feeds: dict[str, np.ndarray], device: str = "cpu",
+              device_id: int = 0) -> dict[str, np.ndarray]:
+    """Runs session with inputs placed on device and every output read back on the CPU."""
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_ortvalue_input(name, to_ort_value(array, device, device_id))
+    names = [o.name for o in session.get_outputs()]
+    for name in names:
+        binding.bind_output(name, "cpu")
+    session.run_with_iobinding(binding)
+    return {name: from_ort_value(v) for name, v in zip(names, binding.get_outputs())}

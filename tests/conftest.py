@@ -1,0 +1,73 @@
+"""Shared fixtures: schema registration, the built custom-op library, providers, a seeded rng."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+CUDA_PROVIDER = "CUDAExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+def cuda_available() -> bool:
+    return CUDA_PROVIDER in ort.get_available_providers()
+
+
+def pytest_collection_modifyitems(config, items):
+    if cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDAExecutionProvider (onnxruntime-gpu and a CUDA device)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def registered_schema():
+    """The op's ONNX schema, registered once per run (import hcfuse does it; this makes it explicit)."""
+    import onnx
+
+    import hcfuse
+    from hcfuse._op import DOMAIN, OP_TYPE, SINCE_VERSION
+
+    hcfuse.register_schema()
+    return onnx.defs.get_schema(OP_TYPE, SINCE_VERSION, DOMAIN)
+
+
+@pytest.fixture(scope="session")
+def hcfuse_lib() -> str:
+    """Path of the built custom-op library; skips the test when kernels/ was not built."""
+    import hcfuse
+
+    try:
+        return hcfuse.get_library_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def providers() -> list[str]:
+    """Execution providers to test on: CPU, plus CUDA when onnxruntime-gpu sees a device."""
+    return [CPU_PROVIDER, *([CUDA_PROVIDER] if cuda_available() else [])]
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20261130)
+
+
+@pytest.fixture(scope="session")
+def make_session(hcfuse_lib):
+    """make_session(model, provider) -> InferenceSession with the library registered, optimizations off
+    (so the session runs exactly the nodes the test built)."""
+
+    def make(model, provider: str = CPU_PROVIDER, **session_config) -> ort.InferenceSession:
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(hcfuse_lib)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        for key, value in session_config.items():
+            so.add_session_config_entry(key, value)
+        return ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
+
+    return make
