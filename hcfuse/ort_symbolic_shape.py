@@ -1,0 +1,291 @@
+"""HyperConnectionLowRankMix in ONNX Runtime's symbolic shape inference (onnxruntime.tools.symbolic_shape_infer).
+
+Three entry points:
+- `infer_shapes(model, ...)`: what hcfuse users call. Works on a copy, rewrites the Constant forms ORT's
+  tool crashes on, never writes ORT's `sym_shape_infer_temp.onnx` dump, and raises
+  `IncompleteShapeInferenceError` naming the values left without a full shape.
+- `HcSymbolicShapeInference`: the tool's class with our handler in `dispatcher_`. When an onnxruntime
+  release ships its own handler under the same op type, ours still wins: hcfuse's schema, kernels and
+  tests define this op, so its shapes must not change with the onnxruntime version.
+- `register_with_ort()`: for code bound to ORT's own entry points (quantization preprocessing,
+  transformers' optimizer): inside the block every `SymbolicShapeInference` also knows our op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import sympy
+from onnx import helper, numpy_helper
+from onnx.shape_inference import InferenceError
+from onnxruntime.tools import symbolic_shape_infer as _ssi_module
+from onnxruntime.tools.symbolic_shape_infer import (
+    SymbolicShapeInference,
+    get_attribute,
+    get_opset,
+    get_shape_from_sympy_shape,
+    get_shape_from_value_info,
+    is_literal,
+)
+
+from hcfuse._op import INPUTS, OP_TYPE, OUTPUTS
+from hcfuse.schema import register_schema
+
+__all__ = [
+    "HcSymbolicShapeInference",
+    "IncompleteShapeInferenceError",
+    "infer_hc_lowrank_mix",
+    "infer_shapes",
+    "register_with_ort",
+]
+
+_STREAMS, _NORM, _DOWN, _UP, _INJECT, _PREV_OUT, _PREV_GATE = range(len(INPUTS))
+_PRE, _GATE, _STREAMS_OUT = range(len(OUTPUTS))
+
+
+class IncompleteShapeInferenceError(RuntimeError):
+    """Symbolic shape inference ended with values whose type or shape is not fully known."""
+
+
+# ---- the handler ------------------------------------------------------------------------------
+
+
+def _input_name(node: onnx.NodeProto, i: int) -> str:
+    return node.input[i] if i < len(node.input) else ""
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _literal_mismatch(a, b) -> bool:
+    return is_literal(a) and is_literal(b) and int(a) != int(b)
+
+
+def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> None:
+    """Handler: pre_output (..., H), post_gate (..., C), streams_out (..., C*H) with H = C*H / C.
+
+    H is a sympy expression when the width is symbolic and an int when it is known. Sizes are
+    checked only where they are literals; a contradiction raises ValueError naming the node.
+    """
+    where = f"{OP_TYPE} node {node.name or node.output[0]!r}"
+    c = get_attribute(node, "num_branches")
+    if c is None or c <= 0:
+        raise ValueError(f"{where}: num_branches must be a positive int; got {c}")
+    names = [_input_name(node, i) for i in range(len(INPUTS))]
+    if bool(names[_PREV_OUT]) != bool(names[_PREV_GATE]):
+        raise ValueError(
+            f"{where}: prev_block_output and prev_post_gate come as a pair; got "
+            f"prev_block_output={names[_PREV_OUT]!r}, prev_post_gate={names[_PREV_GATE]!r}"
+        )
+    present = [i for i, n in enumerate(names) if n]
+    elem_types = {i: ssi.known_vi_[names[i]].type.tensor_type.elem_type for i in present if names[i] in ssi.known_vi_}
+    known_types = {t for t in elem_types.values() if t}
+    if len(known_types) > 1:
+        found = ", ".join(f"{INPUTS[i]}={onnx.TensorProto.DataType.Name(t)}" for i, t in elem_types.items() if t)
+        raise ValueError(f"{where}: all inputs must share one element type T; got {found}")
+    if ssi._try_get_shape(node, _STREAMS) is None:
+        return  # rank unknown: nothing to add to what ONNX inferred
+    streams = ssi._get_sympy_shape(node, _STREAMS)
+    if not streams:
+        raise ValueError(f"{where}: streams must be (..., C*H) with rank >= 1; got a scalar")
+    width, leading = streams[-1], streams[:-1]
+    if is_literal(width) and int(width) % c:
+        raise ValueError(f"{where}: streams width C*H = {width} is not divisible by num_branches = {c}")
+    h = int(width) // c if is_literal(width) else sympy.simplify(width / c)
+
+    expected = {
+        _NORM: [width],
+        _DOWN: [width, None],
+        _UP: [None, width],
+        _INJECT: [width, c],
+        _PREV_OUT: [*leading, h],
+        _PREV_GATE: [*leading, c],
+    }
+    spelled = {_NORM: "(C*H,)", _DOWN: "(C*H, R)", _UP: "(R, C*H)", _INJECT: "(C*H, C)",
+               _PREV_OUT: "(..., H) with streams' leading dims", _PREV_GATE: "(..., C) with streams' leading dims"}
+    rank_r = None
+    for i, want in expected.items():
+        if not names[i] or ssi._try_get_shape(node, i) is None:
+            continue
+        got = ssi._get_sympy_shape(node, i)
+        if i == _DOWN and len(got) == 2:
+            want[1] = rank_r = got[1] if rank_r is None else rank_r
+        if i == _UP and len(got) == 2:
+            want[0] = rank_r = got[0] if rank_r is None else rank_r
+        if len(got) != len(want) or any(_literal_mismatch(g, w) for g, w in zip(got, want)):
+            shown = _fmt(["?" if w is None else w for w in want])
+            raise ValueError(f"{where}: {INPUTS[i]} must be {spelled[i]} = {shown}; got {_fmt(got)}")
+
+    elem_type = elem_types.get(_STREAMS) or next(iter(known_types), 0)
+    last = {_PRE: h, _GATE: c, _STREAMS_OUT: width}
+    for o, name in enumerate(node.output[: len(OUTPUTS)]):
+        if not name:
+            continue  # omitted optional output
+        shape = [*leading, last[o]]
+        ssi._update_computed_dims(shape)
+        ssi.known_vi_[name].CopyFrom(helper.make_tensor_value_info(name, elem_type, get_shape_from_sympy_shape(shape)))
+
+
+# ---- the tool with our handler ------------------------------------------------------------
+
+
+def _add_handler(ssi: SymbolicShapeInference) -> None:
+    ssi.dispatcher_[OP_TYPE] = functools.partial(infer_hc_lowrank_mix, ssi)
+
+
+def _incomplete_values(ssi: SymbolicShapeInference) -> list[str]:
+    bad = []
+    for name, vi in ssi.known_vi_.items():
+        if vi.type.WhichOneof("value") not in (None, "tensor_type"):
+            continue
+        shape = get_shape_from_value_info(vi)
+        if not vi.type.tensor_type.elem_type or shape is None or any(d is None for d in shape):
+            bad.append(f"{name} {shape}")
+    return bad
+
+
+class HcSymbolicShapeInference(SymbolicShapeInference):
+    """ONNX Runtime's SymbolicShapeInference that also infers HyperConnectionLowRankMix."""
+
+    def __init__(self, int_max, auto_merge, guess_output_rank, verbose, prefix=""):
+        super().__init__(int_max, auto_merge, guess_output_rank, verbose, prefix)
+        _add_handler(self)
+
+    def _onnx_infer_subgraph(self, node, subgraph, use_node_input=True, inc_subgraph_id=True):
+        # The base class builds subgraph instances by its own name; give those our handler too.
+        with register_with_ort():
+            return super()._onnx_infer_subgraph(node, subgraph, use_node_input, inc_subgraph_id)
+
+    @classmethod
+    def infer_shapes(cls, in_mp, int_max=2**31 - 1, auto_merge=False, guess_output_rank=False, verbose=0):
+        """The base driver loop with `cls`; raises instead of returning None or dumping a model file."""
+        opset = get_opset(in_mp)
+        if not opset or opset < 7:
+            raise ValueError(f"symbolic shape inference needs an ONNX opset >= 7; the model imports {opset}")
+        ssi = cls(int_max, auto_merge, guess_output_rank, verbose)
+        ssi._preprocess(in_mp)
+        complete = False
+        while ssi.run_:
+            complete = ssi._infer_impl()
+        ssi._update_output_from_vi()
+        if not complete:
+            bad = _incomplete_values(ssi)
+            raise IncompleteShapeInferenceError(
+                f"symbolic shape inference left {len(bad)} value(s) without a full type and shape: "
+                f"{'; '.join(bad[:8])}{' ...' if len(bad) > 8 else ''} (try auto_merge=True or guess_output_rank=True)"
+            )
+        return ssi.out_mp_
+
+
+def _loaded_tool_classes() -> list[type]:
+    # onnxruntime.transformers imports the same file a second time as top-level `symbolic_shape_infer`.
+    modules = [_ssi_module, sys.modules.get("symbolic_shape_infer")]
+    classes = [getattr(m, "SymbolicShapeInference", None) for m in modules if m is not None]
+    return list(dict.fromkeys(c for c in classes if isinstance(c, type)))
+
+
+@contextlib.contextmanager
+def register_with_ort() -> Iterator[None]:
+    """Within the block, every SymbolicShapeInference instance (ORT's entry points, its subclasses and
+    subgraph passes included) also handles HyperConnectionLowRankMix. Process-wide while active;
+    restored in `finally`, so nesting and exceptions are safe."""
+    register_schema()  # ORT's tool runs ONNX single-node inference first, which uses our schema
+    patched = []
+    try:
+        for klass in _loaded_tool_classes():
+            original = klass.__dict__["__init__"]
+
+            @functools.wraps(original)
+            def __init__(self, *args, _original=original, **kwargs):
+                _original(self, *args, **kwargs)
+                _add_handler(self)
+
+            klass.__init__ = __init__
+            patched.append((klass, original))
+        yield
+    finally:
+        for klass, original in reversed(patched):
+            klass.__init__ = original
+
+
+# ---- Constant forms ORT's tool cannot read ------------------------------------------------
+
+
+def _sparse_to_dense(sp: onnx.SparseTensorProto) -> onnx.TensorProto:
+    values, indices = numpy_helper.to_array(sp.values), numpy_helper.to_array(sp.indices)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, tuple(sp.dims))
+    dense = np.zeros(int(np.prod(sp.dims)), dtype=values.dtype)
+    dense[flat] = values
+    return numpy_helper.from_array(dense.reshape(tuple(sp.dims)))
+
+
+_SCALAR_FORMS = {  # Constant attribute -> numpy dtype of the equivalent `value` tensor
+    "value_float": np.float32,
+    "value_floats": np.float32,
+    "value_int": np.int64,
+    "value_ints": np.int64,
+    "value_string": object,
+    "value_strings": object,
+}
+
+
+def _constant_value(attr: onnx.AttributeProto) -> onnx.TensorProto:
+    if attr.name == "sparse_value":
+        return _sparse_to_dense(attr.sparse_tensor)
+    return numpy_helper.from_array(np.array(helper.get_attribute_value(attr), dtype=_SCALAR_FORMS[attr.name]))
+
+
+def _rewrite_constants(graph: onnx.GraphProto) -> int:
+    """Turn Constant nodes using value_float/value_ints/.../sparse_value into `value` tensors (in place,
+    subgraphs included); returns how many were rewritten."""
+    count = 0
+    for node in graph.node:
+        for attr in node.attribute:
+            count += sum(_rewrite_constants(g) for g in [*([attr.g] if attr.HasField("g") else []), *attr.graphs])
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
+            attr = node.attribute[0]
+            if attr.name in _SCALAR_FORMS or attr.name == "sparse_value":
+                tensor = _constant_value(attr)
+                node.ClearField("attribute")
+                node.attribute.append(helper.make_attribute("value", tensor))
+                count += 1
+    return count
+
+
+# ---- public API ---------------------------------------------------------------------------
+
+
+def infer_shapes(
+    model: onnx.ModelProto | str | os.PathLike,
+    auto_merge: bool = True,
+    guess_output_rank: bool = False,
+    verbose: int = 0,
+    int_max: int = 2**31 - 1,
+) -> onnx.ModelProto:
+    """ONNX Runtime's symbolic shape inference, HyperConnectionLowRankMix included.
+
+    Returns a new ModelProto with value_info for every value (the caller's model is not modified;
+    Constants written as value_float/value_ints/... come back as equivalent `value` tensors).
+    Raises IncompleteShapeInferenceError when some value ends without a full shape, ValueError on a
+    node whose known sizes contradict each other (from the handler or ONNX's own inference); never
+    writes files.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(model))
+    register_schema()
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    _rewrite_constants(work.graph)
+    try:
+        return HcSymbolicShapeInference.infer_shapes(
+            work, int_max=int_max, auto_merge=auto_merge, guess_output_rank=guess_output_rank, verbose=verbose
+        )
+    except InferenceError as e:  # ONNX's single-node pass (our schema's _infer) found the contradiction
+        raise ValueError(str(e)) from e
