@@ -1,0 +1,266 @@
+"""The ``hcfuse`` command: optimize, unfuse, infer-shapes, demo, lib-path.
+
+Exit codes: 0 success (zero fusions is a warning), 1 verification failed, 2 usage or I/O error (one
+line on stderr; the traceback only with --debug). Inputs are never modified; outputs are written
+atomically (hcfuse.model_io).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import onnx_ir as ir
+
+from hcfuse import _op, model_io
+
+EXIT_OK, EXIT_VERIFY_FAILED, EXIT_ERROR = 0, 1, 2
+# Models with more weight bytes than this print progress on stderr.
+LARGE_MODEL_BYTES = 256 * 1024 * 1024
+
+
+def _op_counts(model: ir.Model) -> collections.Counter:
+    return collections.Counter(node.op_type for graph in model.graphs() for node in graph)
+
+
+def _format_op_counts(before: collections.Counter, after: collections.Counter) -> list[str]:
+    lines = [f"  nodes: {sum(before.values())} -> {sum(after.values())}"]
+    for op in sorted(set(before) | set(after)):
+        if before[op] != after[op]:
+            lines.append(f"    {op}: {before[op]} -> {after[op]}")
+    return lines
+
+
+class _Progress:
+    """Stage lines on stderr for large models; silent otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.start = time.perf_counter()
+
+    def stage(self, text: str) -> None:
+        if self.enabled:
+            print(f"[{time.perf_counter() - self.start:6.1f} s] {text}", file=sys.stderr, flush=True)
+
+    def saver(self, label: str):
+        return model_io.progress_printer(f"[{time.perf_counter() - self.start:6.1f} s] {label}") if self.enabled else None
+
+
+def _infer_shapes(model: ir.Model, base_dir: str) -> ir.Model:
+    """Runs hcfuse.infer_shapes (ORT's symbolic shape inference) without reading external weights."""
+    from hcfuse.ort_symbolic_shape import infer_shapes
+
+    inferred = ir.from_proto(infer_shapes(ir.to_proto(model), auto_merge=True))
+    ir.external_data.set_base_dir(inferred.graph, base_dir)
+    return inferred
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise model_io.ModelIOError(f"{path}: report directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=".hcfuse-report-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _summarize_report(report) -> list[str]:
+    counts = report.counts_by_rule()
+    total = sum(counts.values())
+    lines = [f"  fused {total} block(s)" + (": " + ", ".join(f"{r} {n}" for r, n in counts.items()) if counts else "")]
+    rejected = list(report.rejected)
+    if rejected:
+        lines.append(f"  left unfused: {len(rejected)} candidate(s)")
+        for item in rejected[:20]:
+            lines.append(f"    {_short(item)}")
+        if len(rejected) > 20:
+            lines.append(f"    ... {len(rejected) - 20} more (see --report)")
+    return lines
+
+
+def _short(item) -> str:
+    """One line for a rejected candidate: its node and reason, whatever the report's item type."""
+    data = item.to_dict() if hasattr(item, "to_dict") else (item if isinstance(item, dict) else vars(item))
+    node = data.get("node") or data.get("anchor") or data.get("name") or "?"
+    reason = data.get("reason") or data.get("message") or ""
+    rule = data.get("rule")
+    return f"{node}: {reason}" + (f" [{rule}]" if rule else "")
+
+
+def _optimize(args) -> int:
+    t_start = time.perf_counter()
+    model = model_io.load(args.input)
+    model_io.check_output_path(args.output, args.input, model)
+    progress = _Progress(model_io.initializer_bytes(model) > LARGE_MODEL_BYTES)
+    progress.stage(f"loaded {args.input}")
+    before = _op_counts(model)
+
+    from hcfuse.api import optimize_with_report
+
+    t_fuse = time.perf_counter()
+    fused, report = optimize_with_report(model, debug=args.debug)
+    fuse_s = time.perf_counter() - t_fuse
+    progress.stage(f"fused in {fuse_s:.2f} s")
+    if args.infer_shapes:
+        fused = _infer_shapes(fused, os.path.dirname(os.path.abspath(args.input)))
+        progress.stage("inferred shapes")
+    model_io.save(fused, args.output, progress=progress.saver("saving weights"))
+    total_s = time.perf_counter() - t_start
+    after = _op_counts(fused)
+
+    lines = [f"hcfuse optimize: {args.input} -> {args.output}", *_summarize_report(report),
+             *_format_op_counts(before, after), f"  time: fuse {fuse_s:.2f} s, total {total_s:.2f} s"]
+    print("\n".join(lines))
+    if not report.counts_by_rule():
+        print(f"hcfuse: warning: no hyper-connection block was fused in {args.input}", file=sys.stderr)
+
+    result = None
+    if args.verify:
+        from hcfuse.verification import verify
+
+        result = verify(args.input, args.output)
+        print(result.summary())
+    if args.report:
+        _write_json_atomic(args.report, {
+            "input": args.input, "output": args.output, "fusion": report.to_dict(),
+            "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
+            "ops_before": dict(before), "ops_after": dict(after),
+            "time_s": {"fuse": fuse_s, "total": total_s},
+            "verify": result.to_dict() if result is not None else None,
+        })
+    if result is not None and result.status == "failed":
+        print(f"hcfuse: error: verification failed: {args.output} differs from {args.input} beyond the "
+              "contract's bound", file=sys.stderr)
+        return EXIT_VERIFY_FAILED
+    return EXIT_OK
+
+
+def _unfuse(args) -> int:
+    from hcfuse.unfusion import unfuse
+
+    model = model_io.load(args.input)
+    model_io.check_output_path(args.output, args.input, model)
+    count = unfuse(model)  # in place on our own loaded copy; the input file is not touched
+    model_io.save(model, args.output)
+    print(f"hcfuse unfuse: {args.input} -> {args.output}: expanded {count} {_op.OP_TYPE} node(s)")
+    return EXIT_OK
+
+
+def _infer_shapes_cmd(args) -> int:
+    model = model_io.load(args.input)
+    model_io.check_output_path(args.output, args.input, model)
+    model_io.save(_infer_shapes(model, os.path.dirname(os.path.abspath(args.input))), args.output)
+    print(f"hcfuse infer-shapes: {args.input} -> {args.output}")
+    return EXIT_OK
+
+
+def _lib_path(args) -> int:
+    from hcfuse._library import get_library_path
+
+    print(get_library_path())
+    return EXIT_OK
+
+
+def _import_models():
+    """models/ lives in the repository, beside the hcfuse package (not installed with it)."""
+    try:
+        from models import qwen_decode
+    except ImportError:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if not os.path.isfile(os.path.join(root, "models", "qwen_decode.py")):
+            raise model_io.ModelIOError("demo needs the repository's models/ package; run it from a clone") from None
+        sys.path.insert(0, root)
+        from models import qwen_decode
+    return qwen_decode
+
+
+def _demo(args) -> int:
+    qwen_decode = _import_models()
+    import ml_dtypes
+    import numpy as np
+
+    dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[args.dtype]
+    with tempfile.TemporaryDirectory(prefix="hcfuse-demo-") as tmp:
+        directory = args.out_dir or tmp
+        source = os.path.join(directory, "demo.onnx")
+        qwen_decode.save_decode_model(source, args.blocks, external_data=False, C=args.C, H=args.H, R=args.R,
+                                      dtype=dtype)
+        print(f"hcfuse demo: built {args.blocks} blocks (C={args.C}, H={args.H}, R={args.R}, {args.dtype}) "
+              f"in the exporter's packed form: {source}")
+        args.input, args.output, args.verify = source, os.path.join(directory, "demo.fused.onnx"), True
+        return _optimize(args)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hcfuse", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="tracebacks and the full fusion report on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, func, help_text, io=True):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="tracebacks, and the fusion pass's full report on stderr")
+        if io:
+            p.add_argument("input", help="input .onnx model (never modified)")
+            p.add_argument("-o", "--output", required=True, help="output .onnx path (not the input)")
+        p.set_defaults(func=func)
+        return p
+
+    p = add("optimize", _optimize, f"fuse every hyper-connection block into one {_op.OP_TYPE} node")
+    p.add_argument("--verify", action="store_true", help="run both models in onnxruntime and compare (ulp of T)")
+    p.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
+    p.add_argument("--infer-shapes", action="store_true", help="run symbolic shape inference after fusing")
+    add("unfuse", _unfuse, f"expand every {_op.OP_TYPE} node back into the stock contrib-op chain")
+    add("infer-shapes", _infer_shapes_cmd, "symbolic shape inference (ONNX Runtime's, with hcfuse's handler)")
+    p = add("demo", _demo, "build a small decode model, fuse it, verify it, print the summary", io=False)
+    p.add_argument("--blocks", type=_positive, default=4)
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float16")
+    p.add_argument("-C", type=_positive, default=_op.QWEN_CONFIG["num_branches"], help="branches")
+    p.add_argument("-H", type=_positive, default=64, help="features per branch")
+    p.add_argument("-R", type=_positive, default=16, help="gate rank")
+    p.add_argument("--out-dir", help="keep the models here (default: a temporary folder)")
+    p.set_defaults(report=None, infer_shapes=False)
+    add("lib-path", _lib_path, "print the path of the custom-op library", io=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "output", None) and getattr(args, "input", None):
+        if os.path.abspath(args.output) == os.path.abspath(args.input):
+            parser.error(f"output {args.output} is the input; write to a new path")
+    if getattr(args, "out_dir", None) and not os.path.isdir(args.out_dir):
+        parser.error(f"--out-dir {args.out_dir} is not a directory")
+    try:
+        return args.func(args)
+    except (model_io.ModelIOError, FileNotFoundError, OSError, ValueError, TypeError) as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"hcfuse {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as e:  # a bug, or an ORT failure: still one line unless --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"hcfuse {args.command}: error: {type(e).__name__}: {e} (rerun with --debug for a traceback)",
+              file=sys.stderr)
+        return EXIT_ERROR

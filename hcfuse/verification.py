@@ -1,0 +1,251 @@
+"""Runs an original and an optimized model on the same random inputs and compares them in ulp of T.
+
+The gap of an output is its largest per-element difference counted in units in the last place of
+the output's element type T, measured at max(|original|, |optimized|, RMS of the original output):
+at an element's own magnitude, but never finer than the output's typical magnitude, so a value that
+cancels to near zero (pre_output sums C products) is not judged by the spacing of tiny numbers.
+
+The bound (DEFAULT_MAX_ULP) follows SPEC.md's contract. The fused op rounds to T at the same points
+as the stock chain, so a single block differs only where accumulation order or the sigmoid flips a
+rounding: for float16/bfloat16 that moves a result by 1 ulp, and a flip in an early step (hn, down)
+moves later ones by a few. A chain carries differences from block to block through the streams,
+growing slowly (see tests/test_api_cli.py and the README for measured gaps). Integer outputs must
+match exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import tempfile
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from hcfuse import model_io
+
+# Largest accepted gap in ulp of T, per element type (float32, float16, bfloat16).
+DEFAULT_MAX_ULP = {ir.DataType.FLOAT: 256.0, ir.DataType.FLOAT16: 8.0, ir.DataType.BFLOAT16: 8.0}
+# Size given to every symbolic or unknown input dimension unless named in `dims`.
+DEFAULT_ROWS = 3
+_MANTISSA_BITS = {ir.DataType.FLOAT: 23, ir.DataType.FLOAT16: 10, ir.DataType.BFLOAT16: 7}
+_MIN_EXPONENT = {ir.DataType.FLOAT: -126, ir.DataType.FLOAT16: -14, ir.DataType.BFLOAT16: -126}
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_CUDA = "CUDAExecutionProvider"
+_CPU = "CPUExecutionProvider"
+
+
+@dataclasses.dataclass
+class OutputGap:
+    name: str
+    dtype: str
+    shape: tuple
+    max_ulp: float  # inf when a NaN/Inf appears in one model only
+    bound: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_ulp <= self.bound
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    """status: "passed", "failed" or "unverifiable" (the reason says why nothing was compared)."""
+
+    status: str
+    provider: str | None
+    outputs: list[OutputGap]
+    reason: str = ""
+    input_shapes: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def summary(self) -> str:
+        if self.status == "unverifiable":
+            return f"verify: not verified: {self.reason}"
+        lines = [f"verify ({self.provider}, inputs {self.input_shapes}): {self.status.upper()}"]
+        for gap in self.outputs:
+            mark = "ok" if gap.ok else "FAIL"
+            lines.append(f"  {gap.name} {gap.dtype}{list(gap.shape)}: max gap {gap.max_ulp:g} ulp "
+                         f"(bound {gap.bound:g}) {mark}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def ulp_gap(original: np.ndarray, optimized: np.ndarray, dtype: ir.DataType) -> float:
+    """Largest difference in ulp of dtype at max(|a|, |b|, RMS(original)) (see the module doc)."""
+    a = original.astype(np.float64)
+    b = optimized.astype(np.float64)
+    if a.size == 0:
+        return 0.0
+    special = ~(np.isfinite(a) & np.isfinite(b))
+    same = (np.isnan(a) & np.isnan(b)) | (a == b)
+    if np.any(special & ~same):  # NaN or Inf in one model only, or Infs of opposite sign
+        return float("inf")
+    a, b = a[~special], b[~special]
+    if a.size == 0:
+        return 0.0
+    rms = np.sqrt(np.mean(a * a))
+    magnitude = np.maximum(np.maximum(np.abs(a), np.abs(b)), rms)
+    exponent = np.maximum(np.floor(np.log2(np.maximum(magnitude, np.finfo(np.float64).tiny))),
+                          _MIN_EXPONENT[dtype])
+    ulp = np.exp2(exponent - _MANTISSA_BITS[dtype])
+    return float(np.max(np.abs(a - b) / ulp))
+
+
+def _available_providers(providers: list[str] | None) -> list[str]:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if providers is None:
+        return [_CUDA] if _CUDA in available else [_CPU]
+    missing = [p for p in providers if p not in available]
+    if missing:
+        raise ValueError(f"verify: providers {missing} are not available; onnxruntime has {available}")
+    return list(providers)
+
+
+def _random_feeds(model: ir.Model, dims: dict, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Normal random values for every graph input; symbolic dims take dims[name] or rows.
+
+    A static input of rank >= 2 (a weight fed as an input) is scaled by 1/sqrt(shape[-2]) so products
+    stay of unit size, as with real weights.
+    """
+    feeds = {}
+    for value in model.graph.inputs:
+        if value.name in model.graph.initializers:
+            continue
+        if value.dtype is None or value.shape is None:
+            raise ValueError(f"verify: graph input {value.name!r} has no type or shape; cannot make random data")
+        shape = [d if isinstance(d, int) else dims.get(str(d.value) if d.value else "", rows) for d in value.shape]
+        np_dtype = value.dtype.numpy()
+        if value.dtype.is_floating_point():
+            data = rng.standard_normal(shape)
+            symbolic = any(not isinstance(d, int) for d in value.shape)
+            if not symbolic and len(shape) >= 2 and shape[-2] > 0:
+                data /= np.sqrt(shape[-2])
+        elif value.dtype == ir.DataType.BOOL:
+            data = rng.integers(0, 2, shape)
+        else:
+            data = np.zeros(shape)
+        feeds[value.name] = data.astype(np_dtype)
+    return feeds
+
+
+def _uses_bfloat16(model: ir.Model) -> bool:
+    values = [*model.graph.inputs, *model.graph.outputs, *model.graph.initializers.values()]
+    values += [out for node in model.graph for out in node.outputs]
+    return any(v.dtype == ir.DataType.BFLOAT16 for v in values)
+
+
+def _session(path: str, provider: str, library: str):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(library)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, options, providers=[provider])
+
+
+def _run(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Runs with IO binding so bfloat16 goes in and out as raw bits (ORT's numpy API refuses it)."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        if array.dtype == _BF16:
+            value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), onnx.TensorProto.BFLOAT16, "cpu", 0)
+            value.update_inplace(np.ascontiguousarray(array).view(np.uint16))
+        else:
+            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+        binding.bind_ortvalue_input(name, value)
+    names = [o.name for o in session.get_outputs()]
+    for name in names:
+        binding.bind_output(name, "cpu")
+    session.run_with_iobinding(binding)
+    results = {}
+    for name, value in zip(names, binding.get_outputs()):
+        if value.element_type() == onnx.TensorProto.BFLOAT16:
+            shape = tuple(value.shape())
+            n = int(np.prod(shape, dtype=np.int64))
+            bits = np.frombuffer((ctypes.c_uint16 * n).from_address(value.data_ptr()), np.uint16) if n else \
+                np.zeros(0, np.uint16)
+            results[name] = bits.copy().view(_BF16).reshape(shape)
+        else:
+            results[name] = value.numpy()
+    return results
+
+
+def _as_path(model, directory: str, name: str) -> str:
+    """A path ORT can load: the given path, or the model saved into directory (external data if big)."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if isinstance(model, onnx.ModelProto):
+        model = ir.from_proto(model)
+    path = os.path.join(directory, name)
+    model_io.save(model, path)
+    return path
+
+
+def verify(
+    original,
+    optimized,
+    *,
+    providers: list[str] | None = None,
+    seed: int = 0,
+    rows: int = DEFAULT_ROWS,
+    dims: dict[str, int] | None = None,
+    max_ulp: dict | float | None = None,
+) -> VerifyResult:
+    """Compares original and optimized (ModelProto, onnx_ir.Model or a path) in onnxruntime.
+
+    providers: default CUDA when onnxruntime sees it, else CPU (with hcfuse's library registered).
+    rows / dims: sizes given to symbolic input dims (dims by name, the rest rows).
+    max_ulp: the bound, one number or per ir.DataType; default DEFAULT_MAX_ULP.
+    """
+    from hcfuse._library import get_library_path
+
+    provider = _available_providers(providers)[0]
+    library = get_library_path()
+    with tempfile.TemporaryDirectory(prefix="hcfuse-verify-") as tmp:
+        orig_path = _as_path(original, tmp, "original.onnx")
+        opt_path = _as_path(optimized, tmp, "optimized.onnx")
+        reference = model_io.load(orig_path)
+        if provider == _CPU and _uses_bfloat16(reference):
+            return VerifyResult(
+                "unverifiable", provider, [],
+                reason="the model computes in bfloat16 and onnxruntime's CPU provider has no bfloat16 "
+                       "MatMul/Sigmoid/Div/Mul for the stock chain; verify on CUDA (onnxruntime-gpu)",
+            )
+        feeds = _random_feeds(reference, dims or {}, rows, np.random.default_rng(seed))
+        expected = _run(_session(orig_path, provider, library), feeds)
+        actual = _run(_session(opt_path, provider, library), feeds)
+    return _compare(expected, actual, reference, provider, feeds, max_ulp)
+
+
+def _compare(expected, actual, reference: ir.Model, provider, feeds, max_ulp) -> VerifyResult:
+    gaps = []
+    for out in reference.graph.outputs:
+        a, b = expected[out.name], actual.get(out.name)
+        if b is None or b.shape != a.shape or b.dtype != a.dtype:
+            found = "missing" if b is None else f"{b.dtype}{list(b.shape)}"
+            return VerifyResult("failed", provider, gaps,
+                                reason=f"output {out.name!r}: expected {a.dtype}{list(a.shape)}, optimized gives {found}")
+        dtype = ir.DataType.from_numpy(a.dtype)
+        if dtype in _MANTISSA_BITS:
+            bound = max_ulp if isinstance(max_ulp, (int, float)) else (max_ulp or DEFAULT_MAX_ULP)[dtype]
+            gap = ulp_gap(a, b, dtype)
+        else:
+            bound, gap = 0.0, float(0 if np.array_equal(a, b) else np.inf)
+        gaps.append(OutputGap(out.name, dtype.name, a.shape, gap, float(bound)))
+    status = "passed" if all(g.ok for g in gaps) else "failed"
+    shapes = {k: list(v.shape) for k, v in feeds.items()}
+    return VerifyResult(status, provider, gaps, input_shapes=shapes)
