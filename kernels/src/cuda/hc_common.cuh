@@ -1,0 +1,121 @@
+// Device helpers shared by the general and the fast CUDA paths of HyperConnectionLowRankMix:
+// conversions, the contract's one rounding step, the accurate sigmoid, fixed-order warp/block
+// sums and vector load types. Everything here is deterministic and independent of the row count.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hcfuse {
+namespace cuda {
+
+// ---- T <-> fp32. FromFloat rounds to nearest even and keeps NaN a NaN (the cuda_fp16/bf16 intrinsics).
+template <typename T>
+__device__ __forceinline__ float ToFloat(T v);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// The contract's rounding step: an fp32 value rounded once to T, carried on in fp32.
+// Every rounding point of SPEC.md goes through this function (or FromFloat when stored).
+template <typename T>
+__device__ __forceinline__ float RoundToT(float v) { return ToFloat<T>(FromFloat<T>(v)); }
+
+// Accurate fp32 sigmoid (expf, IEEE division; never build with --use_fast_math).
+// Written without contraction so it gives the same fp32 value as 1 / (1 + exp(-x)) in NumPy
+// whenever expf and NumPy's exp agree.
+__device__ __forceinline__ float Sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
+// The per-element formulas of SPEC.md in fp32, written without contraction (the __f*_rn
+// intrinsics) so both CUDA paths compute what hcfuse.reference computes in NumPy fp32.
+// Prologue: S = streams + prev_post_gate[c] * prev_block_output[h], rounded once by the caller.
+__device__ __forceinline__ float PrologueS(float streams, float prev_gate, float prev_out) {
+  return __fadd_rn(streams, __fmul_rn(prev_gate, prev_out));
+}
+
+// rms of one branch from its fp32 sum of squares: sqrt(mean_h(S^2) + epsilon).
+__device__ __forceinline__ float BranchRms(float sum_sq, int64_t H, float epsilon) {
+  return sqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(H)), epsilon));
+}
+
+// hn = S / rms * norm_scale, rounded once by the caller.
+__device__ __forceinline__ float NormalizeHn(float s, float rms, float scale) {
+  return __fmul_rn(__fdiv_rn(s, rms), scale);
+}
+
+// ScaledSiLU's three rounding points (Z, SG, hidden) from the rounded down projection.
+template <typename T>
+__device__ __forceinline__ float ScaledSilu(float down, float alpha) {
+  const float z = RoundToT<T>(__fmul_rn(alpha, down));  // rounding point: Z = silu_alpha * down
+  const float sg = RoundToT<T>(Sigmoid(z));              // rounding point: SG = sigmoid(Z)
+  return RoundToT<T>(__fmul_rn(z, sg));                  // rounding point: hidden = Z * SG
+}
+
+// post_gate from the rounded inject: fp32 all the way, rounded once by the caller.
+__device__ __forceinline__ float PostGate(float inject, float gate_div, float gate_mul) {
+  return __fmul_rn(Sigmoid(__fdiv_rn(inject, gate_div)), gate_mul);
+}
+
+// ---- Fixed-order reductions: a butterfly inside the warp, then warp 0 adds the warp sums in order.
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32 floats;
+// every thread gets the result. Safe to call repeatedly with the same scratch.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < num_warps; ++w) total += scratch[w];  // same order in every thread
+  return total;
+}
+
+// ---- Vector access: VEC elements of T in one aligned load/store.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> LoadVec(const T* p) {
+  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void StoreVec(T* p, const Vec<T, VEC>& v) {
+  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+}
+
+// Largest power-of-two alignment (in bytes, capped at 256) of an address.
+__host__ __device__ inline unsigned AlignmentOf(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  unsigned align = 256;
+  while (align > 1 && (a % align) != 0) align >>= 1;
+  return align;
+}
+
+}  // namespace cuda
+}  // namespace hcfuse

@@ -1,0 +1,58 @@
+// Launcher declarations of the CUDA general path (hc_general.cu) and the types shared with the fast
+// path and the ORT glue. No ORT type here; no device code either (the glue is plain C++).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "hcfuse/hc_params.h"
+
+namespace hcfuse {
+namespace cuda {
+
+class HcLtGemm;
+
+// Device pointers of one call. prev_block_output/prev_post_gate are null without the prologue,
+// streams_out is null when the output is not requested.
+template <typename T>
+struct HcDeviceTensors {
+  const T* streams = nullptr;
+  const T* norm_scale = nullptr;
+  const T* down_weight = nullptr;
+  const T* up_weight = nullptr;
+  const T* inject_weight = nullptr;
+  const T* prev_block_output = nullptr;
+  const T* prev_post_gate = nullptr;
+  T* pre_output = nullptr;
+  T* post_gate = nullptr;
+  T* streams_out = nullptr;
+};
+
+// Outcome of a multi-step launcher: the step that failed with its CUDA or cuBLAS status.
+struct HcLaunchStatus {
+  const char* step = nullptr;  // null on success
+  cudaError_t cuda = cudaSuccess;
+  cublasStatus_t cublas = CUBLAS_STATUS_SUCCESS;
+
+  bool ok() const { return step == nullptr; }
+  // "<step>: <CUDA or cuBLAS error name>: <description>"
+  std::string Message() const;
+};
+
+// Bytes of device scratch LaunchHcGeneral needs (hn, down/hidden, up, inject), 256-byte aligned parts.
+size_t HcGeneralScratchBytes(const HcLowRankMixParams& params, size_t element_size);
+
+// The general path: norm kernel, three cuBLASLt GEMMs, ScaledSiLU and gate epilogue kernels, all on
+// `stream`. Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes.
+// T is float, __half or __nv_bfloat16. Never throws and never synchronizes.
+template <typename T>
+HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
+                               HcLtGemm& gemm, cudaStream_t stream, bool debug);
+
+}  // namespace cuda
+}  // namespace hcfuse
