@@ -154,20 +154,22 @@ class _Facts:
 
 def _elem_type(ctx, present: list[int], where: str) -> int:
     """T from streams (else the first typed input); every known element type must agree."""
-    found = 0
+    found, source = 0, ""
     for i in present:
         tp = ctx.get_input_type(i)
         t = tp.tensor_type.elem_type if tp is not None else 0
         if not t:
             continue
+        name = TensorProto.DataType.Name(t)
         if t not in ELEMENT_TYPES:
-            raise InferenceError(f"{where}: {INPUTS[i]} has element type {TensorProto.DataType.Name(t)}; T must be one of {_TYPE_STRS}")
+            raise InferenceError(f"{where}: {INPUTS[i]} has element type {name}; T must be one of {_TYPE_STRS}")
         if found and t != found:
             raise InferenceError(
-                f"{where}: {INPUTS[i]} has element type {TensorProto.DataType.Name(t)} but "
-                f"{INPUTS[present[0]]} has {TensorProto.DataType.Name(found)}; all inputs must share T"
+                f"{where}: {INPUTS[i]} has element type {name} but {source} has "
+                f"{TensorProto.DataType.Name(found)}; all inputs must share T"
             )
-        found = found or t
+        if not found:
+            found, source = t, INPUTS[i]
     return found
 
 
