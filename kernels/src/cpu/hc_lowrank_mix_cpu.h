@@ -1,0 +1,130 @@
+// CPU kernel of HyperConnectionLowRankMix over raw pointers (no ONNX Runtime types).
+//
+// Follows hcfuse/reference.py operation for operation, so results are bitwise equal to it:
+// fp32 arithmetic, rounding to T at each of SPEC's points, sequential accumulation over k for
+// every dot product and the norm's sum of squares (separate multiply and add: built with
+// -ffp-contract=off), branches summed in order c = 0..C-1 for pre_output, and
+// sigmoid(x) = 1 / (1 + e) with e = exp(-x) correctly rounded to fp32. Rows are processed in
+// tiles that share weight reads; a row's operations do not depend on its tile, so a row gives
+// the same bits at any batch size and on any thread.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+#include "hcfuse/hc_params.h"
+
+namespace hcfuse {
+
+// 16-bit storage types, bit-compatible with Ort::Float16_t / Ort::BFloat16_t.
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Exact widening (subnormals, infinities and NaN payloads kept).
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(BFloat16 x) { return BitsFloat(static_cast<uint32_t>(x.bits) << 16); }
+inline float ToFloat(Half x) {
+  const uint32_t shifted_exp = 0x7c00u << 13;
+  uint32_t u = (static_cast<uint32_t>(x.bits) & 0x7fffu) << 13;
+  const uint32_t exp = u & shifted_exp;
+  u += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    u += (128u - 16u) << 23;  // Inf / NaN
+  } else if (exp == 0) {      // zero / subnormal: renormalise through an fp32 subtraction (exact)
+    u += 1u << 23;
+    u = FloatBits(BitsFloat(u) - BitsFloat(113u << 23));
+  }
+  return BitsFloat(u | (static_cast<uint32_t>(x.bits) & 0x8000u) << 16);
+}
+
+// Narrowing with round to nearest even; NaN stays a (quiet) NaN, overflow gives infinity.
+template <typename T>
+T FromFloat(float f);
+
+template <>
+inline float FromFloat<float>(float f) {
+  return f;
+}
+
+template <>
+inline BFloat16 FromFloat<BFloat16>(float f) {
+  const uint32_t u = FloatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<uint16_t>((u >> 16) | 0x40u)};
+  return BFloat16{static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+
+template <>
+inline Half FromFloat<Half>(float f) {
+  uint32_t u = FloatBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  uint32_t o;
+  if (u >= (127u + 16u) << 23) {  // >= 65536, Inf or NaN
+    o = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (u < 113u << 23) {  // below the smallest normal half: the fp32 add rounds to even
+    const float magic = BitsFloat(126u << 23);
+    o = FloatBits(BitsFloat(u) + magic) - (126u << 23);
+  } else {
+    const uint32_t mant_odd = (u >> 13) & 1u;
+    u += ((15u - 127u) << 23) + 0xfffu + mant_odd;  // 65520 and up carry into Inf
+    o = u >> 13;
+  }
+  return Half{static_cast<uint16_t>(o | sign)};
+}
+
+// One of the contract's rounding points: fp32 -> T -> fp32.
+template <typename T>
+inline float RoundToT(float f) {
+  return ToFloat(FromFloat<T>(f));
+}
+
+template <typename T>
+struct HcLowRankMixCpuArgs {
+  const T* streams = nullptr;  // (rows, C*H)
+  const T* norm_scale = nullptr;
+  const T* down_weight = nullptr;
+  const T* up_weight = nullptr;
+  const T* inject_weight = nullptr;
+  const T* prev_block_output = nullptr;  // (rows, H), with params.has_prologue
+  const T* prev_post_gate = nullptr;     // (rows, C)
+  T* pre_output = nullptr;               // (rows, H)
+  T* post_gate = nullptr;                // (rows, C)
+  T* streams_out = nullptr;              // (rows, C*H), with params.has_streams_out
+};
+
+// run(num_tasks, fn) must call fn(task) once for every task in [0, num_tasks), in any order and on
+// any threads; the serial loop is a valid runner.
+using HcTaskRunner = std::function<void(int64_t num_tasks, const std::function<void(int64_t task)>& fn)>;
+
+// Rows processed together (sharing each weight row read); results do not depend on it.
+inline constexpr int64_t kHcCpuRowTile = 4;
+
+// Computes the op for all params.rows rows. params comes from ResolveHcLowRankMixParams; nothing is
+// read or written when rows == 0.
+template <typename T>
+void HcLowRankMixCpu(const HcLowRankMixParams& params, const HcLowRankMixCpuArgs<T>& args, const HcTaskRunner& run);
+
+extern template void HcLowRankMixCpu<float>(const HcLowRankMixParams&, const HcLowRankMixCpuArgs<float>&,
+                                            const HcTaskRunner&);
+extern template void HcLowRankMixCpu<Half>(const HcLowRankMixParams&, const HcLowRankMixCpuArgs<Half>&,
+                                           const HcTaskRunner&);
+extern template void HcLowRankMixCpu<BFloat16>(const HcLowRankMixParams&, const HcLowRankMixCpuArgs<BFloat16>&,
+                                               const HcTaskRunner&);
+
+}  // namespace hcfuse

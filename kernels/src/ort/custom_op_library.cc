@@ -1,0 +1,51 @@
+// The library's one exported entry point: ONNX Runtime calls RegisterCustomOps when a session's
+// options register this library. It adds com.microsoft::HyperConnectionLowRankMix for every
+// provider built in. The ORT API comes from the pointer ORT passes (ORT_API_MANUAL_INIT: no link
+// against libonnxruntime), and no exception crosses this C boundary.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ort/hc_lowrank_mix_op.h"
+#ifdef HCFUSE_WITH_CUDA
+#include "ort/hc_lowrank_mix_op_cuda.h"
+#endif
+
+namespace {
+
+constexpr const char* kDomain = "com.microsoft";
+
+// ORT keeps raw pointers to the domain: it lives as long as the process.
+void KeepDomainAlive(Ort::CustomOpDomain&& domain) {
+  static std::mutex mu;
+  static std::vector<Ort::CustomOpDomain> domains;
+  std::lock_guard<std::mutex> lock(mu);
+  domains.push_back(std::move(domain));
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) return nullptr;  // an ORT older than our headers: nothing we can report through
+  Ort::InitApi(api);
+  try {
+    Ort::CustomOpDomain domain{kDomain};
+    hcfuse::RegisterCpuOps(domain);
+#ifdef HCFUSE_WITH_CUDA
+    hcfuse::RegisterCudaOps(domain);
+#endif
+    Ort::UnownedSessionOptions session_options(options);
+    session_options.Add(domain);
+    KeepDomainAlive(std::move(domain));
+    return nullptr;
+  } catch (const Ort::Exception& e) {
+    return api->CreateStatus(e.GetOrtErrorCode(), e.what());
+  } catch (const std::exception& e) {
+    return api->CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string("hcfuse RegisterCustomOps: ") + e.what()).c_str());
+  } catch (...) {
+    return api->CreateStatus(ORT_RUNTIME_EXCEPTION, "hcfuse RegisterCustomOps: unknown exception");
+  }
+}

@@ -1,0 +1,236 @@
+// ONNX Runtime glue for HyperConnectionLowRankMix shared by the CPU and CUDA kernels: attributes,
+// shapes, statuses, output allocation and exception-safe registration. The glue never computes;
+// the math (kernels/src/cpu, kernels/src/cuda) never sees an ORT type.
+//
+// A provider's kernel is a struct templated on T (float, Ort::Float16_t, Ort::BFloat16_t):
+//   Kernel(const OrtApi* api, const OrtKernelInfo* info);   // reads attributes, may throw
+//   Ort::Status Compute(OrtKernelContext* ctx, const Tensor<T>& streams, ... 5 required inputs,
+//                       HcOptionalInput<T> prev_block_output, HcOptionalInput<T> prev_post_gate,
+//                       Tensor<T>& pre_output, Tensor<T>& post_gate, HcOptionalOutput<T> streams_out);
+// and is registered with AddHcLowRankMixOp<Kernel>(domain, provider).
+#pragma once
+
+#include <onnxruntime_lite_custom_op.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hcfuse/hc_params.h"
+
+namespace hcfuse {
+
+template <typename T>
+using HcInput = const Ort::Custom::Tensor<T>&;
+template <typename T>
+using HcOptionalInput = std::optional<const Ort::Custom::Tensor<T>*>;
+template <typename T>
+using HcOutput = Ort::Custom::Tensor<T>&;
+template <typename T>
+using HcOptionalOutput = std::optional<Ort::Custom::Tensor<T>*>;
+
+// Validation text -> status: OK when empty, else ORT_INVALID_ARGUMENT carrying the text.
+inline Ort::Status InvalidArgument(const std::string& message) {
+  if (message.empty()) return Ort::Status{nullptr};
+  return Ort::Status(message.c_str(), ORT_INVALID_ARGUMENT);
+}
+
+// Reads the node's attributes; num_branches is required. Returns a null OrtStatus* on success.
+inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* info, HcLowRankMixAttrs* attrs) {
+  int64_t num_branches = 0;
+  if (OrtStatus* st = api.KernelInfoGetAttribute_int64(info, "num_branches", &num_branches)) {
+    api.ReleaseStatus(st);
+    return api.CreateStatus(ORT_INVALID_ARGUMENT,
+                            (std::string(kOpName) + ": attribute num_branches (int, the number of streams C) is "
+                                                    "required and was not found on the node")
+                                .c_str());
+  }
+  attrs->num_branches = num_branches;
+  const std::pair<const char*, float*> floats[] = {
+      {"epsilon", &attrs->epsilon},       {"reduction_scale", &attrs->reduction_scale},
+      {"silu_alpha", &attrs->silu_alpha}, {"gate_div", &attrs->gate_div},
+      {"gate_mul", &attrs->gate_mul}};
+  for (const auto& [name, slot] : floats) {
+    float value = 0.0f;
+    // absent -> keep the default; a present attribute of another type is an error
+    OrtStatus* st = api.KernelInfoGetAttribute_float(info, name, &value);
+    if (st == nullptr) {
+      *slot = value;
+      continue;
+    }
+    api.ReleaseStatus(st);
+    int64_t as_int = 0;
+    if (OrtStatus* st2 = api.KernelInfoGetAttribute_int64(info, name, &as_int)) {
+      api.ReleaseStatus(st2);  // not there at all
+      continue;
+    }
+    return api.CreateStatus(ORT_INVALID_ARGUMENT,
+                            (std::string(kOpName) + ": attribute " + name + " must be a float; got an int").c_str());
+  }
+  return nullptr;
+}
+
+template <typename T>
+HcTensorShape ShapeOf(const Ort::Custom::Tensor<T>& t) {
+  return HcTensorShape{true, t.Shape()};
+}
+
+template <typename T>
+HcTensorShape ShapeOf(const HcOptionalInput<T>& t) {
+  return t.has_value() && *t ? HcTensorShape{true, (*t)->Shape()} : HcTensorShape{};
+}
+
+// Input shapes as ResolveHcLowRankMixParams wants them.
+template <typename T>
+HcLowRankMixShapes CollectHcLowRankMixShapes(HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight,
+                                             HcInput<T> up_weight, HcInput<T> inject_weight,
+                                             const HcOptionalInput<T>& prev_block_output,
+                                             const HcOptionalInput<T>& prev_post_gate, bool has_streams_out) {
+  HcLowRankMixShapes s;
+  s.streams = ShapeOf(streams);
+  s.norm_scale = ShapeOf(norm_scale);
+  s.down_weight = ShapeOf(down_weight);
+  s.up_weight = ShapeOf(up_weight);
+  s.inject_weight = ShapeOf(inject_weight);
+  s.prev_block_output = ShapeOf<T>(prev_block_output);
+  s.prev_post_gate = ShapeOf<T>(prev_post_gate);
+  s.has_streams_out = has_streams_out;
+  return s;
+}
+
+template <typename T>
+struct HcOutputPtrs {
+  T* pre_output = nullptr;
+  T* post_gate = nullptr;
+  T* streams_out = nullptr;  // null when the node does not produce streams_out
+};
+
+// Allocates pre_output (..., H), post_gate (..., C) and, when the node has it, streams_out (..., C*H).
+// Goes through the C API so an output the node leaves unnamed comes back null instead of throwing.
+// Clears params->has_streams_out when streams_out is not produced.
+template <typename T>
+Ort::Status AllocateHcLowRankMixOutputs(OrtKernelContext* ctx, HcLowRankMixParams* params, HcOutputPtrs<T>* out) {
+  const OrtApi& api = Ort::GetApi();
+  const int64_t lasts[3] = {params->H, params->C, params->width()};
+  T** slots[3] = {&out->pre_output, &out->post_gate, &out->streams_out};
+  const int count = params->has_streams_out ? 3 : 2;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int64_t> dims = params->leading_dims;
+    dims.push_back(lasts[i]);
+    OrtValue* value = nullptr;
+    if (OrtStatus* st = api.KernelContext_GetOutput(ctx, static_cast<size_t>(i), dims.data(), dims.size(), &value)) {
+      return Ort::Status(st);
+    }
+    if (value == nullptr) {
+      if (i < 2) return Ort::Status((std::string(kOpName) + ": could not allocate output " +
+                                     (i == 0 ? "pre_output" : "post_gate")).c_str(), ORT_RUNTIME_EXCEPTION);
+      params->has_streams_out = false;
+      continue;
+    }
+    void* data = nullptr;
+    if (OrtStatus* st = api.GetTensorMutableData(value, &data)) return Ort::Status(st);
+    *slots[i] = static_cast<T*>(data);
+  }
+  return Ort::Status{nullptr};
+}
+
+// Everything above, in the order every Compute needs it: shapes -> validated params -> outputs.
+template <typename T>
+Ort::Status PrepareHcLowRankMix(OrtKernelContext* ctx, const HcLowRankMixAttrs& attrs, HcInput<T> streams,
+                                HcInput<T> norm_scale, HcInput<T> down_weight, HcInput<T> up_weight,
+                                HcInput<T> inject_weight, const HcOptionalInput<T>& prev_block_output,
+                                const HcOptionalInput<T>& prev_post_gate, bool has_streams_out,
+                                HcLowRankMixParams* params, HcOutputPtrs<T>* out) {
+  const HcLowRankMixShapes shapes = CollectHcLowRankMixShapes<T>(
+      streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, has_streams_out);
+  Ort::Status st = InvalidArgument(ResolveHcLowRankMixParams(shapes, attrs, params));
+  if (!st.IsOK()) return st;
+  return AllocateHcLowRankMixOutputs<T>(ctx, params, out);
+}
+
+namespace detail {
+
+inline OrtStatus* StatusFromCurrentException(const OrtApi& api) {
+  try {
+    throw;
+  } catch (const Ort::Exception& e) {
+    return api.CreateStatus(e.GetOrtErrorCode(), e.what());
+  } catch (const std::exception& e) {
+    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kOpName) + ": " + e.what()).c_str());
+  } catch (...) {
+    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kOpName) + ": unknown exception").c_str());
+  }
+}
+
+// The lite API's kernel creation and compute may throw (a missing attribute, an ORT call failing);
+// these wrappers run them behind the C boundary and turn any exception into a returned status.
+template <typename Kernel>
+struct GuardedOp {
+  using CreateFn = void*(ORT_API_CALL*)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*);
+  using ComputeFn = OrtStatusPtr(ORT_API_CALL*)(void*, OrtKernelContext*);
+  static inline CreateFn create = nullptr;    // the lite op's own functions, the same for every
+  static inline ComputeFn compute = nullptr;  // instance of this Kernel type
+
+  static OrtStatusPtr ORT_API_CALL CreateV2(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                                            void** kernel) noexcept {
+    try {
+      *kernel = create(op, api, info);
+      return nullptr;
+    } catch (...) {
+      return StatusFromCurrentException(*api);
+    }
+  }
+
+  static OrtStatusPtr ORT_API_CALL ComputeV2(void* kernel, OrtKernelContext* ctx) noexcept {
+    const OrtApi& api = Ort::GetApi();
+    try {
+      // the lite API would dereference an input given as an empty name
+      size_t count = 0;
+      if (OrtStatus* st = api.KernelContext_GetInputCount(ctx, &count)) return st;
+      for (size_t i = 0; i < count; ++i) {
+        const OrtValue* value = nullptr;
+        if (OrtStatus* st = api.KernelContext_GetInput(ctx, i, &value)) return st;
+        if (value == nullptr) {
+          return api.CreateStatus(ORT_INVALID_ARGUMENT,
+                                  (std::string(kOpName) + ": input " + std::to_string(i) +
+                                   " is given as an empty name; leave unused optional inputs off the node")
+                                      .c_str());
+        }
+      }
+      return compute(kernel, ctx);
+    } catch (...) {
+      return StatusFromCurrentException(api);
+    }
+  }
+};
+
+// Keeps the registered ops alive for the life of the process (ORT holds raw pointers to them).
+// Held as OrtLiteCustomOp, as the lite API asks (the hierarchy has no virtual destructor).
+inline void KeepAlive(std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<Ort::Custom::OrtLiteCustomOp>> ops;
+  std::lock_guard<std::mutex> lock(mu);
+  ops.push_back(std::move(op));
+}
+
+}  // namespace detail
+
+// Registers Kernel for one provider in domain under kOpName, with exceptions turned into statuses.
+template <typename Kernel>
+void AddHcLowRankMixOp(Ort::CustomOpDomain& domain, const char* provider) {
+  std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op{Ort::Custom::CreateLiteCustomOp<Kernel>(kOpName, provider)};
+  using Guard = detail::GuardedOp<Kernel>;
+  Guard::create = op->CreateKernel;
+  Guard::compute = op->KernelComputeV2;
+  op->CreateKernelV2 = &Guard::CreateV2;
+  op->KernelComputeV2 = &Guard::ComputeV2;
+  domain.Add(op.get());
+  detail::KeepAlive(std::move(op));
+}
+
+// CPU registrations (float, float16, bfloat16), in hc_lowrank_mix_op.cc.
+void RegisterCpuOps(Ort::CustomOpDomain& domain);
+
+}  // namespace hcfuse
