@@ -48,15 +48,18 @@ __device__ __forceinline__ float PrologueS(float streams, float prev_gate, float
   return __fadd_rn(streams, __fmul_rn(prev_gate, prev_out));
 }
 
-// rms of one branch from its fp32 sum of squares: sqrt(mean_h(S^2) + epsilon).
-__device__ __forceinline__ float BranchRms(float sum_sq, int64_t H, float epsilon) {
-  return sqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(H)), epsilon));
+// 1 / rms of one branch from its fp32 sum of squares: 1 / sqrt(mean_h(S^2) + epsilon).
+__device__ __forceinline__ float BranchInvRms(float sum_sq, int64_t H, float epsilon) {
+  return __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(H)), epsilon)));
 }
 
-// hn = S / rms * norm_scale, rounded once by the caller.
-__device__ __forceinline__ float NormalizeHn(float s, float rms, float scale) {
-  return __fmul_rn(__fdiv_rn(s, rms), scale);
+// hn = (S * inv_rms) * norm_scale, rounded once by the caller.
+__device__ __forceinline__ float NormalizeHn(float s, float inv_rms, float scale) {
+  return __fmul_rn(__fmul_rn(s, inv_rms), scale);
 }
+
+// One step of a sum of squares or dot product as the reference writes it: product rounded, then added.
+__device__ __forceinline__ float MulAdd(float a, float b, float acc) { return __fadd_rn(acc, __fmul_rn(a, b)); }
 
 // ScaledSiLU's three rounding points (Z, SG, hidden) from the rounded down projection.
 template <typename T>

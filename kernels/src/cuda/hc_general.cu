@@ -72,16 +72,16 @@ __global__ void __launch_bounds__(kMaxNormThreads) HcNormKernel(NormArgs<T> a) {
         const Vec<T, VEC> s = LoadS<T, VEC>(a, row, c, h);
         if (a.streams_out != nullptr) StoreVec<T, VEC>(a.streams_out + row * width + c * a.H + h, s);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum_sq = fmaf(ToFloat(s.v[j]), ToFloat(s.v[j]), sum_sq);
+        for (int j = 0; j < VEC; ++j) sum_sq = MulAdd(ToFloat(s.v[j]), ToFloat(s.v[j]), sum_sq);
       }
-      const float rms = BranchRms(BlockSum(sum_sq, reduce_scratch), a.H, a.epsilon);
+      const float inv_rms = BranchInvRms(BlockSum(sum_sq, reduce_scratch), a.H, a.epsilon);
       for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
         const Vec<T, VEC> s = LoadS<T, VEC>(a, row, c, h);
         const Vec<T, VEC> scale = LoadVec<T, VEC>(a.norm_scale + c * a.H + h);
         Vec<T, VEC> hn;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          hn.v[j] = FromFloat<T>(NormalizeHn(ToFloat(s.v[j]), rms, ToFloat(scale.v[j])));  // rounding point: hn
+          hn.v[j] = FromFloat<T>(NormalizeHn(ToFloat(s.v[j]), inv_rms, ToFloat(scale.v[j])));  // rounding point: hn
         }
         StoreVec<T, VEC>(a.hn + row * width + c * a.H + h, hn);
       }
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(Epil
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float g = RoundToT<T>(Sigmoid(ToFloat(up.v[j])));  // rounding point: g
-        acc[j] = __fadd_rn(acc[j], __fmul_rn(ToFloat(hn.v[j]), g));
+        acc[j] = MulAdd(ToFloat(hn.v[j]), g, acc[j]);
       }
     }
     Vec<T, VEC> out;

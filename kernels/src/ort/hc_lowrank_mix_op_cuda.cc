@@ -1,0 +1,243 @@
+// CUDAExecutionProvider glue of HyperConnectionLowRankMix: validates like the CPU kernel, picks the
+// fast or the general path, takes scratch from ORT's allocator and launches on ORT's compute stream.
+// It never computes, never synchronizes the host and keeps no process-wide state: everything lives in
+// the kernel instance (attributes, path override, device properties, the cuBLASLt plans).
+#include "ort/hc_lowrank_mix_op_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "cuda/hc_fast_path.h"
+#include "cuda/hc_fast_path_eligibility.h"
+#include "cuda/hc_gemm.h"
+#include "cuda/hc_lowrank_mix_cuda.h"
+#include "ort/hc_lowrank_mix_op.h"
+
+namespace hcfuse {
+namespace {
+
+constexpr const char* kCudaProvider = "CUDAExecutionProvider";
+
+template <typename T>
+struct CudaTypeOf;
+template <>
+struct CudaTypeOf<float> {
+  using type = float;
+  static constexpr const char* name = "float";
+};
+template <>
+struct CudaTypeOf<Ort::Float16_t> {
+  using type = __half;
+  static constexpr const char* name = "float16";
+};
+template <>
+struct CudaTypeOf<Ort::BFloat16_t> {
+  using type = __nv_bfloat16;
+  static constexpr const char* name = "bfloat16";
+};
+
+enum class PathChoice { kAuto, kGeneral, kFast };
+
+// HCFUSE_FORCE_PATH=general|fast pins the path (tests); unset or empty lets the glue choose.
+PathChoice ReadForcedPath() {
+  const char* value = std::getenv("HCFUSE_FORCE_PATH");
+  if (value == nullptr || *value == '\0') return PathChoice::kAuto;
+  if (std::strcmp(value, "general") == 0) return PathChoice::kGeneral;
+  if (std::strcmp(value, "fast") == 0) return PathChoice::kFast;
+  throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FORCE_PATH must be 'general' or 'fast' (or unset); got '" +
+                           value + "'",
+                       ORT_INVALID_ARGUMENT);
+}
+
+bool ReadDebugFlag() {
+  const char* value = std::getenv("HCFUSE_DEBUG");
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}
+
+// norm_scale and the three weight matrices are constant initializers: only then may the fast path
+// read them before waiting on the producer of the activations (programmatic dependent launch).
+bool WeightsAreConstant(const OrtApi& api, const OrtKernelInfo* info) {
+  for (size_t index = 1; index <= 4; ++index) {  // norm_scale, down_weight, up_weight, inject_weight
+    int is_constant = 0;
+    const OrtValue* value = nullptr;
+    if (OrtStatus* st = api.KernelInfoGetConstantInput_tensor(info, index, &is_constant, &value)) {
+      api.ReleaseStatus(st);
+      return false;
+    }
+    if (!is_constant) return false;
+  }
+  return true;
+}
+
+void ThrowIfCudaFailed(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw Ort::Exception(std::string(kOpName) + " (CUDA): " + what + ": " + cudaGetErrorName(e) + ": " +
+                             cudaGetErrorString(e),
+                         ORT_RUNTIME_EXCEPTION);
+  }
+}
+
+Ort::Status LaunchFailure(const char* launcher, const std::string& error) {
+  return Ort::Status((std::string(kOpName) + " (CUDA): " + launcher + " failed: " + error).c_str(),
+                     ORT_RUNTIME_EXCEPTION);
+}
+
+// Device scratch from ORT's CUDA allocator, returned to it when the call ends. Reuse by later
+// kernels is ordered behind ours on the same compute stream, as for ORT's own scratch buffers.
+using Scratch = std::unique_ptr<void, std::function<void(void*)>>;
+
+Scratch AllocateScratch(OrtKernelContext* ctx, int device, size_t bytes) {
+  if (bytes == 0) return Scratch(nullptr, [](void*) {});
+  const Ort::MemoryInfo info("Cuda", OrtDeviceAllocator, device, OrtMemTypeDefault);
+  OrtAllocator* allocator = Ort::KernelContext(ctx).GetAllocator(*static_cast<const OrtMemoryInfo*>(info));
+  void* p = allocator->Alloc(allocator, bytes);
+  if (p == nullptr) {
+    throw Ort::Exception(std::string(kOpName) + " (CUDA): ORT's allocator returned no memory for " +
+                             std::to_string(bytes) + " bytes of scratch",
+                         ORT_RUNTIME_EXCEPTION);
+  }
+  return Scratch(p, [allocator](void* q) { allocator->Free(allocator, q); });
+}
+
+template <typename T>
+class HcLowRankMixCudaKernel {
+ public:
+  using CT = typename CudaTypeOf<T>::type;
+  static constexpr bool kHasFastPath = !std::is_same_v<CT, float>;  // the fast path is fp16/bf16 only
+
+  HcLowRankMixCudaKernel(const OrtApi* api, const OrtKernelInfo* info)
+      : forced_(ReadForcedPath()), debug_(ReadDebugFlag()), gemm_(debug_) {
+    Ort::ThrowOnError(ReadHcLowRankMixAttrs(*api, info, &attrs_));
+    weights_constant_ = WeightsAreConstant(*api, info);
+    ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
+    ThrowIfCudaFailed(cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device_),
+                      "cudaDeviceGetAttribute(compute capability major)");
+    ThrowIfCudaFailed(cudaDeviceGetAttribute(&sm_minor_, cudaDevAttrComputeCapabilityMinor, device_),
+                      "cudaDeviceGetAttribute(compute capability minor)");
+  }
+
+  Ort::Status Compute(OrtKernelContext* ctx, HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight,
+                      HcInput<T> up_weight, HcInput<T> inject_weight, HcOptionalInput<T> prev_block_output,
+                      HcOptionalInput<T> prev_post_gate, HcOutput<T> /*pre_output*/, HcOutput<T> /*post_gate*/,
+                      HcOptionalOutput<T> streams_out) {
+    HcLowRankMixParams params;
+    HcOutputPtrs<T> out;
+    Ort::Status st = PrepareHcLowRankMix<T>(ctx, attrs_, streams, norm_scale, down_weight, up_weight, inject_weight,
+                                            prev_block_output, prev_post_gate, streams_out.has_value(), &params,
+                                            &out);
+    if (!st.IsOK() || params.rows == 0) return st;  // zero rows: empty outputs, nothing launched
+
+    cuda::HcDeviceTensors<CT> t;
+    t.streams = Device(streams.Data());
+    t.norm_scale = Device(norm_scale.Data());
+    t.down_weight = Device(down_weight.Data());
+    t.up_weight = Device(up_weight.Data());
+    t.inject_weight = Device(inject_weight.Data());
+    if (params.has_prologue) {
+      t.prev_block_output = Device((*prev_block_output)->Data());
+      t.prev_post_gate = Device((*prev_post_gate)->Data());
+    }
+    t.pre_output = reinterpret_cast<CT*>(out.pre_output);
+    t.post_gate = reinterpret_cast<CT*>(out.post_gate);
+    t.streams_out = params.has_streams_out ? reinterpret_cast<CT*>(out.streams_out) : nullptr;
+    auto stream = static_cast<cudaStream_t>(Ort::KernelContext(ctx).GetGPUComputeStream());
+
+    std::string why;
+    const bool fast = UseFastPath(params, t, &why);
+    if (forced_ == PathChoice::kFast && !fast) {
+      return Ort::Status((std::string(kOpName) + " (CUDA): HCFUSE_FORCE_PATH=fast, but the fast path cannot run this "
+                                                 "call: " + why + "; unset HCFUSE_FORCE_PATH or set it to 'general'")
+                             .c_str(),
+                         ORT_FAIL);
+    }
+    if (debug_) {
+      std::fprintf(stderr, "hcfuse: %s %s rows=%lld C=%lld H=%lld R=%lld sm_%d%d: %s path (%s)\n", kOpName,
+                   CudaTypeOf<T>::name, static_cast<long long>(params.rows), static_cast<long long>(params.C),
+                   static_cast<long long>(params.H), static_cast<long long>(params.R), sm_major_, sm_minor_,
+                   fast ? "fast" : "general", why.c_str());
+    }
+    return fast ? RunFast(ctx, params, t, stream) : RunGeneral(ctx, params, t, stream);
+  }
+
+ private:
+  static const CT* Device(const T* p) { return reinterpret_cast<const CT*>(p); }
+
+  // The fast path when it supports the call and (unless forced) the row count is decode-sized.
+  // `why` says what decided, for HCFUSE_DEBUG and the forced-path error.
+  bool UseFastPath(const HcLowRankMixParams& p, const cuda::HcDeviceTensors<CT>& t, std::string* why) const {
+    if (forced_ == PathChoice::kGeneral) return (*why = "HCFUSE_FORCE_PATH=general"), false;
+    if (!kHasFastPath) return (*why = "the fast path runs float16 and bfloat16 only"), false;
+    if (!IsHcFastPathSupported(p, sm_major_, sm_minor_, static_cast<int>(sizeof(CT)))) {
+      return (*why = "shape not supported by the fast path (see hc_fast_path_eligibility.h) or compute capability "
+                     "below 8.0"),
+             false;
+    }
+    if (!HcFastPointersAligned({t.streams, t.norm_scale, t.down_weight, t.up_weight, t.inject_weight,
+                                t.prev_block_output, t.prev_post_gate, t.pre_output, t.post_gate, t.streams_out})) {
+      return (*why = "a tensor is not 16-byte aligned"), false;
+    }
+    if (forced_ == PathChoice::kFast) return (*why = "HCFUSE_FORCE_PATH=fast"), true;
+    if (!IsHcFastPathEligible(p, sm_major_, sm_minor_, static_cast<int>(sizeof(CT)))) {
+      return (*why = "more than " + std::to_string(kHcFastMaxAutoRows) + " rows"), false;
+    }
+    *why = weights_constant_ ? "decode-sized, constant weights" : "decode-sized, weights produced by the graph";
+    return true;
+  }
+
+  Ort::Status RunGeneral(OrtKernelContext* ctx, const HcLowRankMixParams& p, const cuda::HcDeviceTensors<CT>& t,
+                         cudaStream_t stream) {
+    Scratch scratch = AllocateScratch(ctx, device_, cuda::HcGeneralScratchBytes(p, sizeof(CT)));
+    const cuda::HcLaunchStatus s = cuda::LaunchHcGeneral<CT>(p, t, scratch.get(), gemm_, stream, debug_);
+    return s.ok() ? Ort::Status{nullptr} : LaunchFailure("LaunchHcGeneral", s.Message());
+  }
+
+  Ort::Status RunFast(OrtKernelContext* ctx, const HcLowRankMixParams& p, const cuda::HcDeviceTensors<CT>& t,
+                      cudaStream_t stream) {
+    if constexpr (kHasFastPath) {
+      const HcFastArgs<CT> args{t.streams,           t.norm_scale,     t.down_weight, t.up_weight,
+                                t.inject_weight,     t.prev_block_output, t.prev_post_gate, t.pre_output,
+                                t.post_gate,         t.streams_out};
+      const size_t bytes = HcFastScratchBytes(p);
+      Scratch scratch = AllocateScratch(ctx, device_, bytes);
+      const bool use_pdl = sm_major_ >= 9;
+      if (debug_) {
+        const int64_t cluster = sm_major_ >= 9 ? kHcFastClusterSize : 1;
+        std::fprintf(stderr, "hcfuse: %s fast path grids: stage 1 %lld CTAs, stage 2 %lld CTAs, PDL %s, weights %s\n",
+                     kOpName, static_cast<long long>(p.C * HcFastStage1CtasPerBranch(p, cluster)),
+                     static_cast<long long>(HcFastStage2Ctas(p, cluster)), use_pdl ? "on" : "off",
+                     weights_constant_ ? "constant (read before the wait)" : "produced upstream (read after the wait)");
+      }
+      const cudaError_t e = LaunchHcFast<CT>(args, p, scratch.get(), bytes, stream, weights_constant_, use_pdl);
+      if (e != cudaSuccess) {
+        return LaunchFailure("LaunchHcFast", std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
+      }
+      return Ort::Status{nullptr};
+    } else {
+      return LaunchFailure("LaunchHcFast", "the fast path has no float kernel");
+    }
+  }
+
+  HcLowRankMixAttrs attrs_;
+  const PathChoice forced_;
+  const bool debug_;
+  bool weights_constant_ = false;
+  int device_ = 0, sm_major_ = 0, sm_minor_ = 0;
+  cuda::HcLtGemm gemm_;  // one cuBLASLt handle and pinned plans per kernel instance
+};
+
+}  // namespace
+
+void RegisterCudaOps(Ort::CustomOpDomain& domain) {
+  AddHcLowRankMixOp<HcLowRankMixCudaKernel<float>>(domain, kCudaProvider);
+  AddHcLowRankMixOp<HcLowRankMixCudaKernel<Ort::Float16_t>>(domain, kCudaProvider);
+  AddHcLowRankMixOp<HcLowRankMixCudaKernel<Ort::BFloat16_t>>(domain, kCudaProvider);
+}
+
+}  // namespace hcfuse
