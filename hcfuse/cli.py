@@ -49,7 +49,7 @@ class _Progress:
             print(f"[{time.perf_counter() - self.start:6.1f} s] {text}", file=sys.stderr, flush=True)
 
     def saver(self, label: str):
-        return model_io.progress_printer(f"[{time.perf_counter() - self.start:6.1f} s] {label}") if self.enabled else None
+        return model_io.progress_printer(f"         {label}") if self.enabled else None
 
 
 def _infer_shapes(model: ir.Model, base_dir: str) -> ir.Model:

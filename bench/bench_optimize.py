@@ -1,0 +1,144 @@
+"""Benchmark: `hcfuse optimize` on the full-size bf16 decode model with external data, against the floor.
+
+The floor is what any such tool pays: onnx-ir loading the same model (external weights mapped
+lazily) and saving it with its external data. Each run is a fresh subprocess; its wall time and peak
+RSS (ru_maxrss from wait4) are measured, best of --repeat runs. Models of 24/48/96 blocks
+(C=4, H=2560, R=320, H x H MatMul stand-in sublayers; 96 blocks hold about 2.5 GB of weights) are
+generated once into --work-dir and removed afterwards unless --keep.
+
+Targets (issue 3): optimize <= 1.5x the floor's time, < 512 MB peak RSS, cost linear in blocks.
+
+    python3 bench/bench_optimize.py [--blocks 24 48 96] [--repeat 2] [--work-dir DIR] [--keep]
+
+Prints a markdown table and writes it to bench/out/optimize.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET_RATIO, TARGET_RSS_MB = 1.5, 512
+
+_FLOOR = (
+    "import os, sys, onnx_ir as ir; src, dst = sys.argv[1:3]; "
+    "ir.save(ir.load(src), dst, external_data=os.path.basename(dst) + '.data')"
+)
+_GENERATE = (
+    "import sys, ml_dtypes; from models.qwen_decode import save_decode_model; "
+    "save_decode_model(sys.argv[1], int(sys.argv[2]), dtype=ml_dtypes.bfloat16)"
+)
+
+
+def _measure(argv: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of one subprocess."""
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed with exit code {proc.returncode}:\n{stderr}")
+    return wall, usage.ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def _remove(path: str) -> None:
+    for p in (path, path + ".data"):
+        if os.path.exists(p):
+            os.remove(p)
+
+
+def _best(argv: list[str], output: str, repeat: int) -> tuple[float, float]:
+    runs = []
+    for _ in range(repeat):
+        runs.append(_measure(argv))
+        _remove(output)
+    return min(r[0] for r in runs), max(r[1] for r in runs)
+
+
+def run(blocks: list[int], repeat: int, work_dir: str) -> list[dict]:
+    rows = []
+    for n in blocks:
+        src = os.path.join(work_dir, f"decode_{n}.onnx")
+        gen_s = None
+        if not os.path.exists(src + ".data"):
+            gen_s, _ = _measure([sys.executable, "-c", _GENERATE, src, str(n)])
+        weights_gb = os.path.getsize(src + ".data") / 1e9
+        out = os.path.join(work_dir, f"out_{n}.onnx")
+        _best([sys.executable, "-c", _FLOOR, src, out], out, 1)  # warm the page cache
+        floor_s, floor_mb = _best([sys.executable, "-c", _FLOOR, src, out], out, repeat)
+        opt_s, opt_mb = _best([sys.executable, "-m", "hcfuse", "optimize", src, "-o", out], out, repeat)
+        rows.append(dict(blocks=n, weights_gb=weights_gb, gen_s=gen_s, floor_s=floor_s, floor_mb=floor_mb,
+                         opt_s=opt_s, opt_mb=opt_mb))
+        print(f"{n} blocks: floor {floor_s:.2f} s {floor_mb:.0f} MB, optimize {opt_s:.2f} s {opt_mb:.0f} MB",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| blocks | weights (GB) | floor: onnx-ir load + save (s) | floor peak RSS (MB) "
+        "| hcfuse optimize (s) | optimize peak RSS (MB) | time / floor | s per block (optimize) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['blocks']} | {r['weights_gb']:.2f} | {r['floor_s']:.2f} | {r['floor_mb']:.0f} | {r['opt_s']:.2f} "
+            f"| {r['opt_mb']:.0f} | {r['opt_s'] / r['floor_s']:.2f}x | {r['opt_s'] / r['blocks']:.3f} |"
+        )
+    worst_ratio = max(r["opt_s"] / r["floor_s"] for r in rows)
+    worst_rss = max(r["opt_mb"] for r in rows)
+    lines.append("")
+    lines.append(f"Targets: time <= {TARGET_RATIO}x floor (worst {worst_ratio:.2f}x: "
+                 f"{'met' if worst_ratio <= TARGET_RATIO else 'NOT met'}), peak RSS < {TARGET_RSS_MB} MB "
+                 f"(worst {worst_rss:.0f} MB: {'met' if worst_rss < TARGET_RSS_MB else 'NOT met'}).")
+    if len(rows) > 1:
+        a, b = rows[0], rows[-1]
+        slope = (b["opt_s"] - a["opt_s"]) / (b["blocks"] - a["blocks"])
+        lines.append(f"Slope between {a['blocks']} and {b['blocks']} blocks: {slope * 1000:.1f} ms per block "
+                     f"(floor {(b['floor_s'] - a['floor_s']) / (b['blocks'] - a['blocks']) * 1000:.1f} ms).")
+    gen = [r for r in rows if r["gen_s"] is not None]
+    if gen:
+        lines.append("Generating the models (not timed above): "
+                     + ", ".join(f"{r['blocks']} blocks {r['gen_s']:.1f} s" for r in gen) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, nargs="+", default=[24, 48, 96])
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--work-dir", help="where models are generated (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated models")
+    args = parser.parse_args(argv)
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="hcfuse-bench-")
+    os.makedirs(work_dir, exist_ok=True)
+    existing = set(os.listdir(work_dir))
+    try:
+        rows = run(args.blocks, args.repeat, work_dir)
+    finally:
+        if not args.keep:  # remove what this run generated, never what was there before
+            for name in set(os.listdir(work_dir)) - existing:
+                os.remove(os.path.join(work_dir, name))
+            if not args.work_dir:
+                shutil.rmtree(work_dir, ignore_errors=True)
+    table = markdown(rows)
+    print(table)
+    out_dir = os.path.join(REPO, "bench", "out")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "optimize.md"), "w") as f:
+        f.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
