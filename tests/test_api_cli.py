@@ -347,3 +347,15 @@ def test_cli_demo(tmp_path, capsys, hcfuse_lib):
     assert code == EXIT_OK, err
     assert "fused 3 block(s)" in out and "PASSED" in out
     assert sorted(os.listdir(tmp_path)) == ["demo.fused.onnx", "demo.onnx"]
+
+
+def test_cli_refuses_overwriting_the_inputs_data(tmp_path, capsys):
+    """a.onnx keeps its weights in b.onnx.data: writing b.onnx (data b.onnx.data) would clobber them."""
+    src = str(tmp_path / "a.onnx")
+    model = ir.from_proto(small(2))
+    ir.save(model, src, external_data="b.onnx.data", size_threshold_bytes=0)
+    before = digest(src, str(tmp_path / "b.onnx.data"))
+    code, _, err = run_cli(capsys, "optimize", src, "-o", str(tmp_path / "b.onnx"))
+    assert code == EXIT_ERROR and "is read by the input model" in err
+    assert digest(src, str(tmp_path / "b.onnx.data")) == before
+    assert not os.path.exists(tmp_path / "b.onnx")
