@@ -132,6 +132,8 @@ def _optimize(args) -> int:
 
         result = verify(args.input, args.output)
         print(result.summary())
+        if result.status == "unverifiable":
+            print(f"hcfuse: warning: {args.output} was not verified: {result.reason}", file=sys.stderr)
     if args.report:
         _write_json_atomic(args.report, {
             "input": args.input, "output": args.output, "fusion": report.to_dict(),

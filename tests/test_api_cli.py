@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 import pytest
 
 import hcfuse
@@ -359,3 +360,13 @@ def test_cli_refuses_overwriting_the_inputs_data(tmp_path, capsys):
     assert code == EXIT_ERROR and "is read by the input model" in err
     assert digest(src, str(tmp_path / "b.onnx.data")) == before
     assert not os.path.exists(tmp_path / "b.onnx")
+
+
+def test_cli_verify_bfloat16_on_cpu_warns(tmp_path, capsys, hcfuse_lib):
+    src = str(tmp_path / "bf16.onnx")
+    onnx.save(small(2, dtype=ml_dtypes.bfloat16), src)
+    code, out, err = run_cli(capsys, "optimize", src, "-o", str(tmp_path / "o.onnx"), "--verify")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert code == EXIT_OK and "PASSED" in out, out + err
+    else:
+        assert code == EXIT_OK and "not verified" in out and "warning:" in err and "bfloat16" in err
