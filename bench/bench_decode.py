@@ -1,0 +1,235 @@
+"""Decode benchmark of HyperConnectionLowRankMix on onnxruntime-gpu (issue 6's reference method).
+
+A chain of N blocks of the real shape (C=4, H=2560, R=320, Qwen3.8-Flash-Next attributes) with 8
+distinct weight sets cycling (constant initializers, 105 MB in bf16: they do not stay in the 60 MB
+L2). Block k+1 takes streams = streams_out of block k, prev_post_gate = post_gate of block k and,
+as the stand-in for the sublayer between two blocks, prev_block_output = pre_output of block k
+itself (no node in between, so the timing is the blocks' alone). Block 0 has no prologue.
+
+Variants, all in one run: the fused op on its fast path and on its general path
+(HCFUSE_FORCE_PATH, read when the session creates its kernels), and the stock unfused chain
+(hcfuse.unfuse of the same model: the contrib ops and MatMul/Sigmoid/Div/Mul on CUDA).
+Each session runs under CUDA graphs with IO binding (one captured graph per row count,
+`gpu_graph_id`). us per block = slope between the 96- and 48-block chains, each the best of
+`--reps` repetitions of `--replays` replays. Writes a markdown table, a CSV and a PNG plot
+(us per block vs rows, with the bandwidth floor) into --out.
+
+    source .device/env.sh; python3 bench/bench_decode.py --out bench/out
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hcfuse  # noqa: E402
+from hcfuse._op import DOMAIN, OP_TYPE, QWEN_CONFIG  # noqa: E402
+from models.hc_block import IR_VERSION, OPSET, random_weights  # noqa: E402
+
+C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]
+ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
+WEIGHT_SETS = 8
+COPY_BANDWIDTH = 4.2e12  # bytes/s, device-to-device copy on this H200 (read + write)
+DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float16, TensorProto.FLOAT16)}
+VARIANTS = ("fast", "general", "stock")
+
+
+def chain_model(num_blocks: int, dtype, elem: int, weights: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
+    """num_blocks fused nodes chained as the module docstring says; rows is a symbolic dim."""
+    inits = [numpy_helper.from_array(w[name].astype(dtype), f"w{s}_{name}")
+             for s, w in enumerate(weights) for name in w]
+    nodes = []
+    prev = None  # (pre_output, post_gate, streams_out) of the previous block
+    for k in range(num_blocks):
+        s = k % len(weights)
+        wnames = [f"w{s}_{n}" for n in ("norm_scale", "down_weight", "up_weight", "inject_weight")]
+        ins = ["streams", *wnames] if prev is None else [prev[2], *wnames, prev[0], prev[1]]
+        outs = [f"pre_{k}", f"gate_{k}", f"streams_{k}"]
+        nodes.append(helper.make_node(OP_TYPE, ins, outs, domain=DOMAIN, name=f"block_{k}", num_branches=C, **ATTRS))
+        prev = outs
+    last = num_blocks - 1
+    graph = helper.make_graph(
+        nodes, f"hc_chain_{num_blocks}",
+        [helper.make_tensor_value_info("streams", elem, ["rows", C * H])],
+        [helper.make_tensor_value_info(f"pre_{last}", elem, ["rows", H]),
+         helper.make_tensor_value_info(f"gate_{last}", elem, ["rows", C]),
+         helper.make_tensor_value_info(f"streams_{last}", elem, ["rows", C * H])],
+        inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=IR_VERSION)
+
+
+def ortvalue(ort, shape, elem: int, host: np.ndarray | None = None):
+    """A CUDA OrtValue of the given type (bf16 through a uint16 view: ORT's Python API lacks ml_dtypes)."""
+    v = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), elem, "cuda", 0)
+    if host is not None:
+        v.update_inplace(np.ascontiguousarray(host).view(np.uint16) if host.dtype == ml_dtypes.bfloat16 else host)
+    return v
+
+
+class ChainRunner:
+    """One session (one variant, dtype and chain length) with a CUDA graph per row count."""
+
+    def __init__(self, ort, model: onnx.ModelProto, variant: str, elem: int, dtype):
+        so = ort.SessionOptions()
+        if variant != "stock":
+            so.register_custom_ops_library(hcfuse.get_library_path())
+            os.environ["HCFUSE_FORCE_PATH"] = variant
+        self.sess = ort.InferenceSession(model.SerializeToString(), so,
+                                         providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+        os.environ.pop("HCFUSE_FORCE_PATH", None)
+        self.ort, self.elem, self.dtype = ort, elem, dtype
+        self.outputs = [o.name for o in self.sess.get_outputs()]
+        self.bindings: dict[int, tuple] = {}
+
+    def time_us(self, rows: int, graph_id: int, reps: int, replays: int, rng) -> float:
+        """Best over reps of the mean time of one replay, in us (the first run captures the graph)."""
+        ort = self.ort
+        if rows not in self.bindings:
+            streams = ortvalue(ort, (rows, C * H), self.elem, rng.standard_normal((rows, C * H)).astype(self.dtype))
+            outs = [ortvalue(ort, (rows, n), self.elem) for n in (H, C, C * H)]
+            io = self.sess.io_binding()
+            io.bind_ortvalue_input("streams", streams)
+            for name, v in zip(self.outputs, outs):
+                io.bind_ortvalue_output(name, v)
+            self.bindings[rows] = (io, streams, outs)
+        io = self.bindings[rows][0]
+        opts = ort.RunOptions()
+        opts.add_run_config_entry("gpu_graph_id", str(graph_id))
+        for _ in range(3):  # capture, then warm replays
+            self.sess.run_with_iobinding(io, opts)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(replays):
+                self.sess.run_with_iobinding(io, opts)
+            best = min(best, (time.perf_counter() - t0) / replays)
+        return best * 1e6
+
+    def check_finite(self, rows: int) -> None:
+        pre = self.bindings[rows][2][0].numpy()
+        if pre.dtype == np.uint16:
+            pre = pre.view(ml_dtypes.bfloat16)
+        if not np.isfinite(pre.astype(np.float32)).all():
+            raise RuntimeError(f"bench_decode: non-finite pre_output at rows={rows}")
+
+
+def floor_us(rows: int, itemsize: int) -> float:
+    """Bytes one block must move (weights once; streams in/out, prev/pre, gates) at the copy bandwidth."""
+    K = C * H
+    weights = (2 * K * R + K * C + K) * itemsize
+    acts = rows * (2 * K + 2 * H + 2 * C) * itemsize
+    return (weights + acts) / COPY_BANDWIDTH * 1e6
+
+
+def write_outputs(results: list[dict], out: Path, meta: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "decode.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(results[0]))
+        w.writeheader()
+        w.writerows(results)
+    lines = [f"# HyperConnectionLowRankMix decode benchmark ({meta})", "",
+             "us per block (slope 96 vs 48 blocks); floor = weights + activations once at 4.2 TB/s;",
+             "fraction = floor / fast; speedup = stock / fast.", "",
+             "| dtype | rows | fast | general | stock | floor | fraction of floor | speedup vs stock |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['dtype']} | {r['rows']} | {r['fast']:.2f} | {r['general']:.2f} | {r['stock']:.2f} | "
+                     f"{r['floor']:.2f} | {r['floor'] / r['fast']:.0%} | {r['stock'] / r['fast']:.1f}x |")
+    (out / "decode.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(results, out / "decode.png")
+
+
+def plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench_decode: matplotlib missing; plot later with --plot-from", path.parent / "decode.csv")
+        return
+    dtypes = sorted({r["dtype"] for r in results})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
+    for ax, dt in zip(axes[0], dtypes):
+        rs = [r for r in results if r["dtype"] == dt]
+        rows = [r["rows"] for r in rs]
+        for key, style in (("stock", "s-"), ("general", "^-"), ("fast", "o-"), ("floor", "k--")):
+            ax.plot(rows, [r[key] for r in rs], style, label="bandwidth floor" if key == "floor" else key)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(rows, [str(x) for x in rows])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("rows")
+        ax.set_ylabel("us per block")
+        ax.set_title(f"{dt}: C={C}, H={H}, R={R}, H200, CUDA graphs")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print("bench_decode: wrote", path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("bench/out"))
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--blocks", type=int, nargs=2, default=[48, 96], metavar=("SHORT", "LONG"))
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--plot-from", type=Path, help="only plot an existing decode.csv")
+    args = ap.parse_args()
+    if args.plot_from:
+        with open(args.plot_from) as f:
+            rows = [{k: (v if k == "dtype" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+        plot(rows, args.plot_from.with_suffix(".png"))
+        return
+
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(6)
+    short, long_ = args.blocks
+    results = []
+    for dt in args.dtypes:
+        dtype, elem = DTYPES[dt]
+        weights = [random_weights(C, H, R, dtype, rng) for _ in range(WEIGHT_SETS)]
+        times = {}  # (variant, blocks, rows) -> us per chain replay
+        for n in (short, long_):
+            fused = chain_model(n, dtype, elem, weights)
+            for variant in args.variants:
+                model = hcfuse.unfuse(fused) if variant == "stock" else fused
+                t0 = time.perf_counter()
+                runner = ChainRunner(ort, model, variant, elem, dtype)
+                for gid, rows in enumerate(args.rows):
+                    times[variant, n, rows] = runner.time_us(rows, gid, args.reps, args.replays, rng)
+                    runner.check_finite(rows)
+                print(f"{dt} {variant:7s} {n:3d} blocks: " +
+                      " ".join(f"{r}:{times[variant, n, r]:.0f}" for r in args.rows) +
+                      f" us/replay ({time.perf_counter() - t0:.1f} s)", flush=True)
+                del runner
+        for rows in args.rows:
+            rec = {"dtype": dt, "rows": rows}
+            for variant in VARIANTS:
+                rec[variant] = ((times[variant, long_, rows] - times[variant, short, rows]) / (long_ - short)
+                                if variant in args.variants else float("nan"))
+            rec["floor"] = floor_us(rows, np.dtype(dtype).itemsize)
+            results.append(rec)
+    meta = f"onnxruntime {ort.__version__}, {short}/{long_} blocks, best of {args.reps} x {args.replays} replays"
+    write_outputs(results, args.out, meta)
+
+
+if __name__ == "__main__":
+    main()
