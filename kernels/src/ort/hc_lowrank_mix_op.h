@@ -37,15 +37,32 @@ inline Ort::Status InvalidArgument(const std::string& message) {
   return Ort::Status(message.c_str(), ORT_INVALID_ARGUMENT);
 }
 
+// "HyperConnectionLowRankMix node 'name'" for errors raised before Compute (ORT does not add the name).
+inline std::string NodeLabel(const OrtApi& api, const OrtKernelInfo* info) {
+  std::string label = std::string(kOpName) + " node";
+  size_t size = 0;
+  if (OrtStatus* st = api.KernelInfo_GetNodeName(info, nullptr, &size)) {
+    api.ReleaseStatus(st);
+    return label;
+  }
+  std::string name(size, '\0');
+  if (OrtStatus* st = api.KernelInfo_GetNodeName(info, name.data(), &size)) {
+    api.ReleaseStatus(st);
+    return label;
+  }
+  name.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+  return label + " '" + name + "'";
+}
+
 // Reads the node's attributes; num_branches is required. Returns a null OrtStatus* on success.
 inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* info, HcLowRankMixAttrs* attrs) {
+  auto error = [&](const std::string& what) {
+    return api.CreateStatus(ORT_INVALID_ARGUMENT, (NodeLabel(api, info) + ": " + what).c_str());
+  };
   int64_t num_branches = 0;
   if (OrtStatus* st = api.KernelInfoGetAttribute_int64(info, "num_branches", &num_branches)) {
     api.ReleaseStatus(st);
-    return api.CreateStatus(ORT_INVALID_ARGUMENT,
-                            (std::string(kOpName) + ": attribute num_branches (int, the number of streams C) is "
-                                                    "required and was not found on the node")
-                                .c_str());
+    return error("attribute num_branches (int, the number of streams C) is required and was not found");
   }
   attrs->num_branches = num_branches;
   const std::pair<const char*, float*> floats[] = {
@@ -66,8 +83,7 @@ inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* 
       api.ReleaseStatus(st2);  // not there at all
       continue;
     }
-    return api.CreateStatus(ORT_INVALID_ARGUMENT,
-                            (std::string(kOpName) + ": attribute " + name + " must be a float; got an int").c_str());
+    return error(std::string("attribute ") + name + " must be a float; got the int " + std::to_string(as_int));
   }
   return nullptr;
 }
