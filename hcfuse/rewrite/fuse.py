@@ -1,0 +1,101 @@
+"""Running the fusion rules on a model and reporting what they did."""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import onnx_ir as ir
+from onnxscript.rewriter import _basics
+
+from hcfuse import _op
+from hcfuse.rewrite.hc_lowrank_mix import LOG, CheckFailure, hc_lowrank_mix_rules, hc_lowrank_mix_ruleset
+from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
+
+
+def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
+    """Fuses every matching block of model in place; returns what was fused and what was left, and why.
+
+    Registers the op's schema and the com.microsoft opset import; removes the constants and packed
+    weights the fused nodes no longer read; leaves the graph topologically sorted.
+    """
+    from hcfuse.schema import register_schema
+
+    register_schema()
+    LOG.clear()
+    try:
+        count = hc_lowrank_mix_ruleset.apply_to_model(model)
+        report = FusionReport(fused=[FusedBlock(rule, node, replaced, anchor) for rule, node, replaced, anchor in LOG.fused])
+        _remove_dead(model.graph, LOG.maybe_dead)
+        failures = list(LOG.failures)
+    finally:
+        LOG.clear()
+    if count:
+        model.graph.sort()
+        model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
+        model.graph.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
+    report.rejected = _rejections(model, failures, {block.anchor: block.rule for block in report.fused})
+    if debug and not count:
+        tracer = _basics.MatchingTracer()
+        hc_lowrank_mix_ruleset.apply_to_model(model, tracer=tracer)
+        tracer.report()
+        LOG.clear()
+        for item in report.rejected:
+            print(f"hcfuse: {item.anchor}: {item.reason}", file=sys.stderr)
+    return report
+
+
+def fuse_hc_lowrank_mix(model: ir.Model, debug: bool = False) -> int:
+    """Fuses every matching block of model in place; returns the number of fused blocks."""
+    return len(fuse_with_report(model, debug=debug).fused)
+
+
+def _remove_dead(graph: ir.Graph, values: list[ir.Value]) -> None:
+    """Removes the constants (Constant nodes or initializers) among values that nothing reads any more."""
+    for value in dict.fromkeys(values):
+        if value.uses() or value.is_graph_output():
+            continue
+        producer = value.producer()
+        if producer is not None:
+            if producer.op_type == "Constant" and producer.graph is graph:
+                graph.remove(producer, safe=True)
+        elif graph.initializers.get(value.name) is value and not value.is_graph_input():
+            del graph.initializers[value.name]
+
+
+def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, str]) -> list[Rejection]:
+    """One entry per candidate BranchwiseRMSNorm left unfused (with the reason of the most specific
+    rule that reached its conditions), and per block fused without the prologue it has."""
+    by_anchor: dict[str, list[CheckFailure]] = collections.defaultdict(list)
+    for failure in failures:
+        by_anchor[failure.anchor].append(failure)
+    out = []
+    for anchor, items in by_anchor.items():
+        if anchor in fused:
+            prologue = [f for f in items if "Prologue" in f.rule]
+            if prologue and "Prologue" not in fused[anchor]:
+                out.append(Rejection(prologue[0].rule, anchor, f"prologue not fused: {prologue[0].reason}"))
+            continue
+        blocking = [f for f in items if not f.prologue_only] or items
+        out.append(Rejection(blocking[0].rule, anchor, blocking[0].reason))
+    for node in model.graph:
+        if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
+            out.append(Rejection("", node.name, _structural_reason(model, node)))
+    return out
+
+
+def _structural_reason(model: ir.Model, norm: ir.Node) -> str:
+    """Why no rule's pattern fits the nodes around an unfused BranchwiseRMSNorm (its nearest miss)."""
+    pre_mixes = [user for user, _ in norm.outputs[0].uses() if user.op_type == _op.PRE_MIX]
+    if not pre_mixes:
+        return f"its output is not consumed by a {_op.PRE_MIX}: not a hyper-connection block"
+    best = None
+    for rule in hc_lowrank_mix_rules:
+        match = rule._matcher.match(model, model.graph, pre_mixes[0])
+        if not match and (best is None or len(match.nodes) > len(best.nodes)):
+            best = match
+    if best is None:
+        return "the block matches a rule's pattern but was not fused (internal error)"
+    where = [getattr(x, "name", None) for x in best.failure_nodes_and_values]
+    detail = f" (at {', '.join(repr(w) for w in where if w)})" if any(where) else ""
+    return f"the nodes around it differ from the stock block: {best.reason}{detail}"
