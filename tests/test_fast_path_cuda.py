@@ -1,0 +1,208 @@
+"""The fused CUDA fast path (kernels/src/cuda/hc_fast_path.cu), pinned with HCFUSE_FORCE_PATH=fast.
+
+Against hcfuse.reference on the real bf16/fp16 shape and on small shapes the fast path supports,
+with constant weights (initializers: weights read before the PDL wait) and weights fed as graph
+inputs (read after it); bitwise determinism, row independence across row-chunk sizes, agreement with
+the general path, and a chain of fused nodes under CUDA graph replay equal to eager execution.
+
+ulp bounds (stated, in T): streams_out exact; pre_output and post_gate within 2 ulp of the
+reference. The reference sums each dot product sequentially over all K; the fast path sums K in
+fixed slices (per thread, per k group, per cluster rank, per cluster), so an fp32 sum can differ in
+its last bits and flip a rounding to T of down or inject, which moves what follows by an ulp.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from hcfuse._op import DOMAIN, OP_TYPE, QWEN_CONFIG
+from hcfuse.reference import hc_lowrank_mix
+from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights
+from tests._compare import assert_bitwise_equal, assert_ulp_close, run_bound, to_ort_value
+
+pytestmark = pytest.mark.cuda
+
+BF16 = ml_dtypes.bfloat16
+QWEN = dict(C=QWEN_CONFIG["num_branches"], H=QWEN_CONFIG["hidden"], R=QWEN_CONFIG["rank"])
+ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
+ULP_BOUND = 2
+
+
+def _compute_capability() -> tuple[int, int]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        major, minor = out[0].split(".")
+        return int(major), int(minor)
+    except (OSError, IndexError, ValueError, subprocess.SubprocessError):
+        return (0, 0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_sm80():
+    if "CUDAExecutionProvider" in ort.get_available_providers() and _compute_capability() < (8, 0):
+        pytest.skip("the fast path needs compute capability 8.0+ (fp16/bf16 kernels, cp.async)")
+
+
+@pytest.fixture
+def fast_session(hcfuse_lib, monkeypatch):
+    """fast_session(model, force="fast", **cuda_options): the path pinned (read at kernel creation)."""
+
+    def make(model, force: str = "fast", **cuda_options):
+        monkeypatch.setenv("HCFUSE_FORCE_PATH", force)
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(hcfuse_lib)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(model.SerializeToString(), so,
+                                       providers=[("CUDAExecutionProvider", cuda_options)])
+        monkeypatch.delenv("HCFUSE_FORCE_PATH")
+        return session
+
+    return make
+
+
+def _case(C, H, R, dtype, rows, prologue, rng, *, constant_weights=True):
+    weights = random_weights(C, H, R, dtype, rng)
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=prologue, streams_out=True,
+                                  weights_as_inputs=not constant_weights, weights=weights, **ATTRS)
+    feeds = random_activations((rows,), C, H, dtype, rng, prologue=prologue)
+    if not constant_weights:
+        feeds.update(weights)
+    return model, weights, feeds
+
+
+def _reference(feeds, weights, C):
+    args = {**weights, **{k: v for k, v in feeds.items() if k not in weights}}
+    pre, gate, s = hc_lowrank_mix(**args, num_branches=C, **ATTRS)
+    return {"pre_output": pre, "post_gate": gate, "streams_out": s}
+
+
+def _check_against_reference(got, ref, what):
+    assert_bitwise_equal(got["streams_out"], ref["streams_out"], f"{what} streams_out")
+    worst = {}
+    for name in ("pre_output", "post_gate"):
+        worst[name] = assert_ulp_close(got[name], ref[name], ULP_BOUND, f"{what} {name}")
+    return worst
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 16, 33, 64])
+@pytest.mark.parametrize("prologue", [False, True], ids=["plain", "prologue"])
+def test_real_shape_matches_reference(fast_session, rng, dtype, rows, prologue):
+    model, weights, feeds = _case(**QWEN, dtype=dtype, rows=rows, prologue=prologue, rng=rng)
+    got = run_bound(fast_session(model), feeds, device="cuda")
+    worst = _check_against_reference(got, _reference(feeds, weights, QWEN["C"]),
+                                     f"{np.dtype(dtype)} rows={rows} prologue={prologue}")
+    print(f"max ulp vs reference: {worst}")
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_weights_from_the_graph(fast_session, rng, dtype, rows):
+    """Weights as graph inputs (not constant): the kernels read them only after the PDL wait."""
+    model, weights, feeds = _case(**QWEN, dtype=dtype, rows=rows, prologue=True, rng=rng, constant_weights=False)
+    got = run_bound(fast_session(model), feeds, device="cuda")
+    _check_against_reference(got, _reference(feeds, weights, QWEN["C"]), f"graph-input weights rows={rows}")
+
+
+@pytest.mark.parametrize("C,H,R", [(4, 64, 8), (8, 32, 16), (4, 256, 512), (4, 1024, 64)])
+@pytest.mark.parametrize("rows", [1, 7])
+def test_small_shapes_match_reference(fast_session, rng, C, H, R, rows):
+    model, weights, feeds = _case(C, H, R, BF16, rows, True, rng)
+    got = run_bound(fast_session(model), feeds, device="cuda")
+    _check_against_reference(got, _reference(feeds, weights, C), f"C={C} H={H} R={R} rows={rows}")
+
+
+def test_row_independence_and_determinism(fast_session, rng):
+    """A row gives the same bits alone, in a batch of 16 and in a batch of 33 (other row chunks)."""
+    model, weights, feeds = _case(**QWEN, dtype=BF16, rows=33, prologue=True, rng=rng)
+    session = fast_session(model)
+    batch = run_bound(session, feeds, device="cuda")
+    again = run_bound(session, feeds, device="cuda")
+    for name in batch:
+        assert_bitwise_equal(again[name], batch[name], f"determinism {name}")
+    sub16 = run_bound(session, {k: v[:16] for k, v in feeds.items()}, device="cuda")
+    for i in (0, 5, 15, 32):
+        alone = run_bound(session, {k: v[i:i + 1] for k, v in feeds.items()}, device="cuda")
+        for name in batch:
+            assert_bitwise_equal(alone[name][0], batch[name][i], f"row {i} alone vs in 33: {name}")
+            if i < 16:
+                assert_bitwise_equal(sub16[name][i], batch[name][i], f"row {i} in 16 vs in 33: {name}")
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_fast_agrees_with_general(fast_session, rng, rows):
+    model, _, feeds = _case(**QWEN, dtype=BF16, rows=rows, prologue=True, rng=rng)
+    fast = run_bound(fast_session(model, "fast"), feeds, device="cuda")
+    general = run_bound(fast_session(model, "general"), feeds, device="cuda")
+    assert_bitwise_equal(fast["streams_out"], general["streams_out"], f"rows={rows} streams_out")
+    for name in ("pre_output", "post_gate"):
+        assert_ulp_close(fast[name], general[name], 2 * ULP_BOUND, f"fast vs general rows={rows} {name}")
+
+
+def _chain_model(num_blocks, C, H, R, dtype, weights):
+    """num_blocks fused nodes: streams <- streams_out, prev_block_output <- pre_output, prev_post_gate <- post_gate."""
+    from onnx import numpy_helper
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    names = ("norm_scale", "down_weight", "up_weight", "inject_weight")
+    inits = [numpy_helper.from_array(weights[n], n) for n in names]
+    nodes, prev = [], None
+    for k in range(num_blocks):
+        ins = ["streams", *names] if prev is None else [prev[2], *names, prev[0], prev[1]]
+        prev = [f"pre_{k}", f"gate_{k}", f"streams_{k}"]
+        nodes.append(helper.make_node(OP_TYPE, ins, prev, domain=DOMAIN, name=f"block_{k}", num_branches=C, **ATTRS))
+    outs = [helper.make_tensor_value_info(n, elem, ["rows", d]) for n, d in zip(prev, (H, C, C * H))]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("streams", elem, ["rows", C * H])],
+                              outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=IR_VERSION)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_chain_under_cuda_graph(fast_session, rng, rows):
+    """Four chained blocks (PDL between their kernels): CUDA graph replay == eager, bit for bit, and the
+    chain stays within the bound of the reference applied block by block."""
+    C, H, R = QWEN["C"], QWEN["H"], QWEN["R"]
+    weights = random_weights(C, H, R, BF16, rng)
+    model = _chain_model(4, C, H, R, BF16, weights)
+    streams = rng.standard_normal((rows, C * H)).astype(BF16)
+    eager = run_bound(fast_session(model), {"streams": streams}, device="cuda")
+
+    graphed = fast_session(model, enable_cuda_graph="1")
+    binding = graphed.io_binding()
+    binding.bind_ortvalue_input("streams", to_ort_value(streams, "cuda"))
+    names = [o.name for o in graphed.get_outputs()]
+    outs = [ort.OrtValue.ortvalue_from_shape_and_type([rows, d], 16, "cuda", 0) for d in (H, C, C * H)]
+    for name, value in zip(names, outs):
+        binding.bind_ortvalue_output(name, value)
+    for _ in range(3):  # capture, then two replays
+        graphed.run_with_iobinding(binding)
+    for name, value in zip(names, outs):
+        assert_bitwise_equal(_device_to_host(value), eager[name], f"graph replay vs eager {name}")
+
+    s, pre, gate = streams, None, None
+    for _ in range(4):
+        extra = {} if pre is None else {"prev_block_output": pre, "prev_post_gate": gate}
+        pre, gate, s = hc_lowrank_mix(s, **weights, **extra, num_branches=C, **ATTRS)
+    assert_ulp_close(eager[names[0]], pre, 8 * ULP_BOUND, "4-block chain pre_output vs reference")
+
+
+def _device_to_host(value: ort.OrtValue) -> np.ndarray:
+    """A bf16 CUDA OrtValue copied to the host with cudaMemcpy (ORT's Python API reads no bf16 device tensor);
+    libcudart is the one onnxruntime-gpu's CUDA provider already loaded."""
+    import ctypes
+
+    shape = tuple(value.shape())
+    host = np.empty(shape, dtype=np.uint16)
+    cudart = ctypes.CDLL("libcudart.so.13")
+    err = cudart.cudaMemcpy(ctypes.c_void_p(host.ctypes.data), ctypes.c_void_p(value.data_ptr()),
+                            ctypes.c_size_t(host.nbytes), 2)  # cudaMemcpyDeviceToHost
+    assert err == 0, f"cudaMemcpy of a {shape} bf16 output failed with CUDA error {err}"
+    return host.view(BF16)
