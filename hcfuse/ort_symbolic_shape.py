@@ -65,7 +65,7 @@ def _fmt(shape) -> str:
 
 
 def _literal_mismatch(a, b) -> bool:
-    return is_literal(a) and is_literal(b) and int(a) != int(b)
+    return is_literal(a) and is_literal(b) and int(a) != int(b)  # None is no literal: any size
 
 
 def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> None:
@@ -100,28 +100,25 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
         raise ValueError(f"{where}: streams width C*H = {width} is not divisible by num_branches = {c}")
     h = int(width) // c if is_literal(width) else sympy.simplify(width / c)
 
-    expected = {
-        _NORM: [width],
-        _DOWN: [width, None],
-        _UP: [None, width],
-        _INJECT: [width, c],
-        _PREV_OUT: [*leading, h],
-        _PREV_GATE: [*leading, c],
+    shapes = {
+        i: ssi._get_sympy_shape(node, i)
+        for i in present
+        if i != _STREAMS and ssi._try_get_shape(node, i) is not None
     }
-    spelled = {_NORM: "(C*H,)", _DOWN: "(C*H, R)", _UP: "(R, C*H)", _INJECT: "(C*H, C)",
-               _PREV_OUT: "(..., H) with streams' leading dims", _PREV_GATE: "(..., C) with streams' leading dims"}
-    rank_r = None
-    for i, want in expected.items():
-        if not names[i] or ssi._try_get_shape(node, i) is None:
-            continue
-        got = ssi._get_sympy_shape(node, i)
-        if i == _DOWN and len(got) == 2:
-            want[1] = rank_r = got[1] if rank_r is None else rank_r
-        if i == _UP and len(got) == 2:
-            want[0] = rank_r = got[0] if rank_r is None else rank_r
+    r = shapes[_DOWN][1] if len(shapes.get(_DOWN, ())) == 2 else None  # R as down_weight states it
+    expected = {  # None: any size
+        _NORM: ("(C*H,)", [width]),
+        _DOWN: ("(C*H, R)", [width, r]),
+        _UP: ("(R, C*H)", [r, width]),
+        _INJECT: ("(C*H, C)", [width, c]),
+        _PREV_OUT: ("(..., H) with streams' leading dims", [*leading, h]),
+        _PREV_GATE: ("(..., C) with streams' leading dims", [*leading, c]),
+    }
+    for i, got in shapes.items():
+        spelled, want = expected[i]
         if len(got) != len(want) or any(_literal_mismatch(g, w) for g, w in zip(got, want)):
             shown = _fmt(["?" if w is None else w for w in want])
-            raise ValueError(f"{where}: {INPUTS[i]} must be {spelled[i]} = {shown}; got {_fmt(got)}")
+            raise ValueError(f"{where}: {INPUTS[i]} must be {spelled} = {shown}; got {_fmt(got)}")
 
     elem_type = elem_types.get(_STREAMS) or next(iter(known_types), 0)
     last = {_PRE: h, _GATE: c, _STREAMS_OUT: width}

@@ -70,7 +70,10 @@ def make_schema() -> OpSchema:
         return OpSchema.FormalParameter(name, "T", param_option=single if index < required else optional)
 
     attrs = [OpSchema.Attribute("num_branches", OpSchema.AttrType.INT, "number of streams C", required=True)]
-    attrs += [OpSchema.Attribute(name, onnx.helper.make_attribute(name, float(ATTRIBUTES[name])), name) for name in FLOAT_ATTRIBUTES]
+    attrs += [
+        OpSchema.Attribute(name, onnx.helper.make_attribute(name, float(ATTRIBUTES[name])), name)
+        for name in FLOAT_ATTRIBUTES
+    ]
     schema = OpSchema(
         OP_TYPE,
         DOMAIN,
@@ -193,15 +196,11 @@ def _merge_leading(where: str, lead: list[tuple[str, list[Dim]]]) -> list[Dim] |
         for k, (a, b) in enumerate(zip(merged, dims)):
             if _known(a) and _known(b) and a != b:
                 raise InferenceError(
-                    f"{where}: {name} leading dim {k} is {b} but {first_name}'s is {a}; leading dims must be equal"
+                    f"{where}: {name} leading dim {k} is {b} but {first_name} has {a} there; leading dims must be equal"
                 )
             if not _known(a) and (_known(b) or a is None):
                 merged[k] = b
     return merged
-
-
-def _tensor_type(elem_type: int, shape: list[Dim] | None) -> TypeProto:
-    return onnx.helper.make_tensor_type_proto(elem_type, shape)
 
 
 def _infer(ctx) -> None:
@@ -242,7 +241,8 @@ def _infer(ctx) -> None:
             facts.agree(key, d, f"{INPUTS[i]}[{k}]")
     width = facts.get("CH")
     if width is not None and width % c:
-        raise InferenceError(f"{where}: width C*H = {width} ({facts.sizes['CH'][1]}) is not divisible by num_branches = {c}")
+        source = facts.sizes["CH"][1]
+        raise InferenceError(f"{where}: width C*H = {width} ({source}) is not divisible by num_branches = {c}")
     if width is not None:
         facts.agree("H", width // c, f"{facts.sizes['CH'][1]} / num_branches")
 
@@ -264,4 +264,4 @@ def _infer(ctx) -> None:
     for o in range(ctx.get_num_outputs()):
         if ctx.has_output(o):
             shape = None if leading is None else [*leading, last[o]]
-            ctx.set_output_type(o, _tensor_type(elem_type, shape))
+            ctx.set_output_type(o, onnx.helper.make_tensor_type_proto(elem_type, shape))

@@ -168,7 +168,7 @@ _NEGATIVES = [
     ("prev_block_output_width", dict(prologue=([3, H + 1], [3, C])), r"prev_block_output\[-1\] = 9 but .* = 8; both must be H"),
     ("prev_post_gate_width", dict(prologue=([3, H], [3, 3])), r"prev_post_gate\[-1\] = 3 but num_branches = 2"),
     ("prologue_leading_value", dict(prologue=([4, H], [3, C])),
-     r"prev_block_output leading dim 0 is 4 but streams's is 3"),
+     r"prev_block_output leading dim 0 is 4 but streams has 3 there"),
     ("prologue_leading_rank", dict(prologue=([1, 3, H], [3, C])),
      r"prev_block_output has 2 leading dims \(1, 3\) but streams has 1 \(3,\)"),
     ("streams_scalar", dict(streams=[]), r"streams must be \(\.\.\., C\*H\) with rank >= 1; got a scalar"),

@@ -225,6 +225,8 @@ def _break(model: onnx.ModelProto, case: str) -> onnx.ModelProto:
         model.graph.input[-1].type.tensor_type.shape.dim[-1].dim_value = 3
     elif case == "down_weight":
         model.graph.initializer[1].CopyFrom(helper.make_tensor("down_weight", F32, [10, 4], [0.0] * 40))
+    elif case == "up_weight":
+        model.graph.initializer[2].CopyFrom(helper.make_tensor("up_weight", F32, [5, 16], [0.0] * 80))
     elif case == "inject_weight":
         model.graph.initializer[3].CopyFrom(helper.make_tensor("inject_weight", F32, [16, 3], [0.0] * 48))
     elif case == "half_prologue":
@@ -241,10 +243,11 @@ _ERRORS = {
     "num_branches": (r"num_branches must be > 0; got 0", r"num_branches must be a positive int; got 0"),
     "width": (r"width C\*H = 16 \(streams\[-1\]\) is not divisible by num_branches = 3", r"streams width C\*H = 16 is not divisible by num_branches = 3"),
     "down_weight": (r"down_weight\[0\] = 10 but streams\[-1\] = 16", r"down_weight must be \(C\*H, R\) = \(16, 4\); got \(10, 4\)"),
+    "up_weight": (r"up_weight\[0\] = 5 but down_weight\[1\] = 4; both must be R", r"up_weight must be \(R, C\*H\) = \(4, 16\); got \(5, 16\)"),
     "inject_weight": (r"inject_weight\[1\] = 3 but num_branches = 2", r"inject_weight must be \(C\*H, C\) = \(16, 2\); got \(16, 3\)"),
     "half_prologue": (r"prev_block_output is given without prev_post_gate",
                       r"prev_block_output and prev_post_gate come as a pair; got prev_block_output='prev_out', prev_post_gate=''"),
-    "prev_leading": (r"prev_block_output leading dim 0 is 5 but streams's is 3",
+    "prev_leading": (r"prev_block_output leading dim 0 is 5 but streams has 3 there",
                      r"prev_block_output must be \(\.\.\., H\) with streams' leading dims = \(3, 8\); got \(5, 8\)"),
     "elem_type": (r"prev_post_gate has element type FLOAT16 but streams has FLOAT",
                   r"all inputs must share one element type T; got streams=FLOAT, .*prev_post_gate=FLOAT16"),
