@@ -26,7 +26,7 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtyp
 _F32 = np.float32
 
 
-def _round(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def round_to(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Rounds fp32 values to T (round to nearest even) and returns them as fp32 again."""
     return x.astype(dtype).astype(_F32)
 
@@ -45,6 +45,37 @@ def matmul_seq_f32(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     for k in range(x.shape[1]):
         acc += x[:, k : k + 1] * w[k]
     return acc
+
+
+def post_mix_f32(x: np.ndarray, block_output: np.ndarray, gate: np.ndarray, dtype) -> np.ndarray:
+    """S = x + gate * block_output[h]: x (rows, C, H), block_output (rows, H), gate (rows, C, 1) or
+    (rows, C, H)."""
+    return round_to(x + gate * block_output[:, None, :], dtype)  # rounding point: S
+
+
+def rms_norm_branches_f32(x: np.ndarray, scale: np.ndarray, epsilon, dtype) -> np.ndarray:
+    """hn = x * (1 / sqrt(mean_h(x^2) + epsilon)) * scale per branch: x (rows, C, H), scale broadcasting
+    to (C, H); the sum of squares runs sequentially over h."""
+    ss = np.zeros(x.shape[:-1], dtype=_F32)
+    for h in range(x.shape[-1]):
+        ss += x[..., h] * x[..., h]
+    inv_rms = _F32(1.0) / np.sqrt(ss / _F32(x.shape[-1]) + _F32(epsilon))
+    return round_to(x * inv_rms[..., None] * scale, dtype)  # rounding point: hn
+
+
+def scaled_silu_f32(down: np.ndarray, alpha, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Z, SG, hidden) = (alpha * down, sigmoid(Z), Z * SG), each rounded to dtype."""
+    z = round_to(_F32(alpha) * down, dtype)  # rounding point: Z
+    sg = round_to(sigmoid_f32(z), dtype)  # rounding point: SG
+    return z, sg, round_to(z * sg, dtype)  # rounding point: hidden
+
+
+def pre_mix_f32(hn: np.ndarray, g: np.ndarray, reduction_scale, dtype) -> np.ndarray:
+    """reduction_scale * sum_c(hn * g), branches summed in order: hn and g (rows, C, H) -> (rows, H)."""
+    mix = np.zeros((hn.shape[0], hn.shape[-1]), dtype=_F32)
+    for c in range(hn.shape[1]):
+        mix += hn[:, c] * g[:, c]
+    return round_to(_F32(reduction_scale) * mix, dtype)  # rounding point: pre_output
 
 
 def _check_shapes(streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, C):
@@ -137,39 +168,27 @@ def hc_lowrank_mix_steps(
     lead = streams.shape[:-1]
     rows = int(np.prod(lead, dtype=np.int64))
     eps, rs, alpha, gdiv, gmul = (_F32(v) for v in (epsilon, reduction_scale, silu_alpha, gate_div, gate_mul))
+    # each step is a function below; the arrays between them are fp32 holding values of T
 
     x = streams.reshape(rows, C, H).astype(_F32)
-    if prev_block_output is not None:  # S = streams + prev_post_gate[c] * prev_block_output[h]
-        pbo = prev_block_output.reshape(rows, 1, H).astype(_F32)
-        ppg = prev_post_gate.reshape(rows, C, 1).astype(_F32)
-        x = _round(x + ppg * pbo, T)  # rounding point: S
-
-    ss = np.zeros((rows, C), dtype=_F32)
-    for h in range(H):
-        ss += x[:, :, h] * x[:, :, h]
-    inv_rms = _F32(1.0) / np.sqrt(ss / _F32(H) + eps)
-    scale = norm_scale.astype(_F32).reshape(C, H)
-    hn = _round(x * inv_rms[:, :, None] * scale, T).reshape(rows, C * H)  # rounding point: hn
+    if prev_block_output is not None:
+        x = post_mix_f32(x, prev_block_output.reshape(rows, H).astype(_F32),
+                         prev_post_gate.reshape(rows, C, 1).astype(_F32), T)
+    hn = rms_norm_branches_f32(x, norm_scale.astype(_F32).reshape(C, H), eps, T).reshape(rows, C * H)
 
     # one pass over k for both products that read hn: columns [0, R) are down, [R, R+C) inject
     w_hn = np.concatenate([down_weight.astype(_F32), inject_weight.astype(_F32)], axis=1)
     acc = matmul_seq_f32(hn, w_hn)
-    down = _round(acc[:, :R], T)  # rounding point: down
-    inject = _round(acc[:, R:], T)  # rounding point: inject
+    down = round_to(acc[:, :R], T)  # rounding point: down
+    inject = round_to(acc[:, R:], T)  # rounding point: inject
 
-    z = _round(alpha * down, T)  # rounding point: Z
-    sg = _round(sigmoid_f32(z), T)  # rounding point: SG
-    hidden = _round(z * sg, T)  # rounding point: hidden
-    up = _round(matmul_seq_f32(hidden, up_weight.astype(_F32)), T)  # rounding point: up
-    g = _round(sigmoid_f32(up), T).reshape(rows, C, H)  # rounding point: g
+    z, sg, hidden = scaled_silu_f32(down, alpha, T)
+    up = round_to(matmul_seq_f32(hidden, up_weight.astype(_F32)), T)  # rounding point: up
+    g = round_to(sigmoid_f32(up), T)  # rounding point: g
 
-    hn3 = hn.reshape(rows, C, H)
-    mix = np.zeros((rows, H), dtype=_F32)
-    for c in range(C):
-        mix += hn3[:, c] * g[:, c]
-    pre_output = (rs * mix).astype(T)  # rounding point: pre_output
-    post_gate = (sigmoid_f32(inject / gdiv) * gmul).astype(T)  # rounding point: post_gate
+    pre_output = pre_mix_f32(hn.reshape(rows, C, H), g.reshape(rows, C, H), rs, T)
+    post_gate = round_to(sigmoid_f32(inject / gdiv) * gmul, T)  # rounding point: post_gate
 
     steps = {"S": x.reshape(rows, C * H), "hn": hn, "down": down, "Z": z, "SG": sg, "hidden": hidden, "up": up,
-             "g": g.reshape(rows, C * H), "pre_output": pre_output, "inject": inject, "post_gate": post_gate}
+             "g": g, "pre_output": pre_output, "inject": inject, "post_gate": post_gate}
     return {k: v.astype(T).reshape(*lead, v.shape[-1]) for k, v in steps.items()}

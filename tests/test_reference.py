@@ -41,10 +41,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
 
 from hcfuse import reference
 from hcfuse._op import ATTRIBUTES, BRANCH_NORM, DOMAIN, OUTPUTS, POST_MIX, PRE_MIX, QWEN_CONFIG, SCALED_SILU
-from models.hc_block import IR_VERSION, OPSET, random_activations, random_weights, weight_shapes
+from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights, weight_shapes
+from tests.oprun import CONTRIB_OPS
 from tests._compare import BFLOAT16, assert_bitwise_equal, max_ulp, run_bound
 
 # MLAS's logistic (ORT's CPU Sigmoid and ScaledSiLU's sigmoid): absolute error below 2^-22
@@ -115,8 +117,7 @@ def run_stock(model, feeds) -> dict[str, np.ndarray]:
 # stock single-node runs ----------------------------------------------------------------------
 
 
-def run_node(op_type: str, inputs: dict[str, np.ndarray], domain: str = "", **attrs) -> np.ndarray:
-    """One stock node on the CPU (bfloat16 bound through its bits)."""
+def make_node_model(op_type: str, inputs: dict[str, np.ndarray], domain: str = "", **attrs) -> onnx.ModelProto:
     elem = helper.np_dtype_to_tensor_dtype(next(iter(inputs.values())).dtype)
     node = helper.make_node(op_type, list(inputs), ["y"], domain=domain, **attrs)
     graph = helper.make_graph(
@@ -124,10 +125,15 @@ def run_node(op_type: str, inputs: dict[str, np.ndarray], domain: str = "", **at
         [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
          for k, v in inputs.items()],
         [helper.make_tensor_value_info("y", elem, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-                              ir_version=IR_VERSION)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=IR_VERSION)
+
+
+def run_node(op_type: str, inputs: dict[str, np.ndarray], domain: str = "", **attrs) -> np.ndarray:
+    """One stock node on onnxruntime's CPU provider (bfloat16 bound through its bits)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model = make_node_model(op_type, inputs, domain, **attrs)
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return run_bound(sess, inputs)["y"]
 
@@ -190,6 +196,37 @@ def test_contrib_ops_bitwise(dtype, C, H, R, rows, attrs):
     if dtype != np.float32:  # in float32 its sigmoid is MLAS's (test_sigmoid_sites)
         hidden = run_node(SCALED_SILU, {"down": st["down"]}, DOMAIN, alpha=attrs.get("silu_alpha", 1.0))
         assert_bitwise_equal(hidden, st["hidden"], "hidden (ScaledSiLU)")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BFLOAT16], ids=["float32", "float16", "bfloat16"])
+def test_oprun_matches_ort_contrib_ops(dtype):
+    """tests/oprun.py's classes give ORT's bits for the forms the chain uses (ScaledSiLU: not float32;
+    a norm scale of shape (H,), which the chain does not use, takes another path in ORT's float32
+    kernel: up to 3 ulp apart)."""
+    C, H, R, rows, attrs = CASES[2]
+    feeds, st = _case(dtype, C, H, R, rows, attrs)
+    nodes = [
+        (POST_MIX, {k: feeds[k] for k in ("streams", "prev_block_output", "prev_post_gate")}, {"num_branches": C}),
+        (BRANCH_NORM, {"S": st["S"], "norm_scale": feeds["norm_scale"]}, {"num_branches": C, "epsilon": 1e-3}),
+        (PRE_MIX, {"hn": st["hn"], "g": st["g"]}, {"num_branches": C, "reduction_scale": 0.7}),
+        (PRE_MIX, {"hn": st["hn"], "g": feeds["prev_post_gate"]}, {"num_branches": C}),
+    ]
+    if dtype != np.float32:
+        nodes.append((SCALED_SILU, {"down": st["down"]}, {"alpha": 1.7}))
+    for op_type, inputs, attrs in nodes:
+        ev = ReferenceEvaluator(make_node_model(op_type, inputs, DOMAIN, **attrs), new_ops=CONTRIB_OPS)
+        assert_bitwise_equal(ev.run(None, inputs)[0], run_node(op_type, inputs, DOMAIN, **attrs),
+                             f"{op_type} {sorted(attrs)} (oprun vs onnxruntime)")
+
+
+@pytest.mark.parametrize("prologue", [False, True])
+def test_oprun_fused_node_is_the_reference(prologue, rng):
+    C, H, R = 3, 8, 5
+    feeds = {**random_weights(C, H, R, np.float16, rng), **random_activations((4,), C, H, np.float16, rng, prologue)}
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=np.float16, prologue=prologue, streams_out=True, **ODD_ATTRS)
+    got = ReferenceEvaluator(model, new_ops=CONTRIB_OPS).run(None, feeds)
+    for name, a, b in zip(OUTPUTS, got, reference.hc_lowrank_mix(**feeds, num_branches=C, **ODD_ATTRS)):
+        assert_bitwise_equal(a, b, name)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
