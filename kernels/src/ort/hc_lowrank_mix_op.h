@@ -22,6 +22,8 @@
 
 namespace hcfuse {
 
+inline constexpr size_t kNumRequiredInputs = 5;  // streams, norm_scale, down_weight, up_weight, inject_weight
+
 template <typename T>
 using HcInput = const Ort::Custom::Tensor<T>&;
 template <typename T>
@@ -202,9 +204,17 @@ struct GuardedOp {
   static OrtStatusPtr ORT_API_CALL ComputeV2(void* kernel, OrtKernelContext* ctx) noexcept {
     const OrtApi& api = Ort::GetApi();
     try {
-      // the lite API would dereference an input given as an empty name
+      // checked before the lite API builds its tensors: it would throw a bare "invalid indice" for a
+      // missing required input and dereference an input given as an empty name
       size_t count = 0;
       if (OrtStatus* st = api.KernelContext_GetInputCount(ctx, &count)) return st;
+      if (count < kNumRequiredInputs) {
+        return api.CreateStatus(ORT_INVALID_ARGUMENT,
+                                (std::string(kOpName) + ": needs the 5 inputs streams, norm_scale, down_weight, "
+                                                        "up_weight, inject_weight; the node has " +
+                                 std::to_string(count))
+                                    .c_str());
+      }
       for (size_t i = 0; i < count; ++i) {
         const OrtValue* value = nullptr;
         if (OrtStatus* st = api.KernelContext_GetInput(ctx, i, &value)) return st;
