@@ -68,6 +68,7 @@ class DecodeConfig:
     constant_shape: tuple = ()
     weights_as_inputs: bool = False
     extra_add_before: tuple = ()
+    tile_embeddings: bool = True
 
     def __post_init__(self):
         if self.num_blocks < 1:
@@ -229,9 +230,12 @@ def build_decode_model(num_blocks: int, **options) -> ir.Model:
     cfg = DecodeConfig(num_blocks, **options)
     b = _GraphBuilder(cfg)
     C, H = cfg.C, cfg.H
-    embeds = b.value("inputs_embeds", b.T, [H])
-    repeats = b.constant(ir.DataType.INT64, [1] * len(cfg.leading_dims) + [C])
-    streams = b.node("Tile", "/model/hyper_connection/Tile", [embeds, repeats], C * H)
+    if cfg.tile_embeddings:
+        embeds = b.value("inputs_embeds", b.T, [H])
+        repeats = b.constant(ir.DataType.INT64, [1] * len(cfg.leading_dims) + [C])
+        streams = b.node("Tile", "/model/hyper_connection/Tile", [embeds, repeats], C * H)
+    else:
+        embeds = streams = b.value("hyper_states", b.T, [C * H])
     for k in range(num_blocks):
         layer, location = divmod(k, 2)
         location = ("attn", "mlp")[location]
@@ -281,10 +285,11 @@ def make_decode_model(
     constant_shape: tuple = (),
     weights_as_inputs: bool = False,
     extra_add_before: Sequence[int] = (),
+    tile_embeddings: bool = True,
 ) -> onnx.ModelProto:
     """A decode graph with `num_blocks` stock hyper-connection blocks (ir_version 10, opset 21 + com.microsoft 1).
 
-    Input `inputs_embeds` (*leading_dims, H) is tiled into C streams; output `hidden_states` is the
+    Input `inputs_embeds` (*leading_dims, H) is tiled into C streams (as the exporter does); output `hidden_states` is the
     streams after the last injection (or the final mix's output with final_mix=True).
 
     packed: the exporter's packed [C*H, R+C] down/inject MatMul + Split (else separate MatMuls).
@@ -297,6 +302,8 @@ def make_decode_model(
     constants: "node" (Constant nodes, as the exporter) or "initializer"; constant_shape () or (1,).
     weights_as_inputs: the weights become graph inputs instead of initializers.
     extra_add_before: block indices whose norm input goes through an extra Add (no prologue there).
+    tile_embeddings: False makes the C streams the graph input `hyper_states` (*leading_dims, C*H)
+        instead of tiling `inputs_embeds` (ORT's CPU Tile has no bfloat16 kernel).
     """
     model = build_decode_model(
         num_blocks, C=C, H=H, R=R, dtype=dtype, packed=packed, leading_dims=tuple(leading_dims),
@@ -304,6 +311,7 @@ def make_decode_model(
         reduction_scale=reduction_scale, silu_alpha=silu_alpha, num_weight_sets=num_weight_sets,
         seed=seed, final_mix=final_mix, constants=constants, constant_shape=tuple(constant_shape),
         weights_as_inputs=weights_as_inputs, extra_add_before=tuple(extra_add_before),
+        tile_embeddings=tile_embeddings,
     )
     return ir.to_proto(model)
 

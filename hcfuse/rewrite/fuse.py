@@ -63,6 +63,9 @@ def _remove_dead(graph: ir.Graph, values: list[ir.Value]) -> None:
             del graph.initializers[value.name]
 
 
+_PARTS = {"Prologue": "prologue", "GateMul": "gate Mul"}  # rule-name tag -> the part it fuses
+
+
 def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, str]) -> list[Rejection]:
     """One entry per candidate BranchwiseRMSNorm left unfused (with the reason of the most specific
     rule that reached its conditions), and per block fused without the prologue it has."""
@@ -72,9 +75,12 @@ def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, 
     out = []
     for anchor, items in by_anchor.items():
         if anchor in fused:
-            prologue = [f for f in items if "Prologue" in f.rule]
-            if prologue and "Prologue" not in fused[anchor]:
-                out.append(Rejection(prologue[0].rule, anchor, f"prologue not fused: {prologue[0].reason}"))
+            # a more specific rule failed, a less specific one fused: say which part stays unfused
+            for f in items:
+                part = next((words for tag, words in _PARTS.items() if tag in f.rule and tag not in fused[anchor]), None)
+                if part:
+                    out.append(Rejection(f.rule, anchor, f"{part} not fused: {f.reason}"))
+                    break
             continue
         blocking = [f for f in items if not f.prologue_only] or items
         out.append(Rejection(blocking[0].rule, anchor, blocking[0].reason))
@@ -96,6 +102,6 @@ def _structural_reason(model: ir.Model, norm: ir.Node) -> str:
             best = match
     if best is None:
         return "the block matches a rule's pattern but was not fused (internal error)"
-    where = [getattr(x, "name", None) for x in best.failure_nodes_and_values]
-    detail = f" (at {', '.join(repr(w) for w in where if w)})" if any(where) else ""
+    where = list(dict.fromkeys(x.name for x in best.failure_nodes_and_values if getattr(x, "name", None)))
+    detail = f" (at {', '.join(map(repr, where))})" if where else ""
     return f"the nodes around it differ from the stock block: {best.reason}{detail}"
