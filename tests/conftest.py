@@ -59,13 +59,14 @@ def rng() -> np.random.Generator:
 
 @pytest.fixture(scope="session")
 def make_session(hcfuse_lib):
-    """make_session(model, provider) -> InferenceSession with the library registered, optimizations off
-    (so the session runs exactly the nodes the test built)."""
+    """make_session(model, provider, intra_op_threads=0, **config_entries) -> InferenceSession with the
+    library registered and graph optimizations off (it runs exactly the nodes the test built)."""
 
-    def make(model, provider: str = CPU_PROVIDER, **session_config) -> ort.InferenceSession:
+    def make(model, provider: str = CPU_PROVIDER, intra_op_threads: int = 0, **session_config) -> ort.InferenceSession:
         so = ort.SessionOptions()
         so.register_custom_ops_library(hcfuse_lib)
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.intra_op_num_threads = intra_op_threads  # 0: ORT's default
         for key, value in session_config.items():
             so.add_session_config_entry(key, value)
         return ort.InferenceSession(model.SerializeToString(), so, providers=[provider])

@@ -1,0 +1,164 @@
+"""The CPU kernel inside onnxruntime sessions against hcfuse.reference.
+
+The kernel performs the reference's operations in the reference's order (sequential fp32
+accumulation over k for every dot product and the norm's sum of squares, branches summed in order,
+separate multiply and add, sigmoid from a correctly rounded exp), so every comparison here is
+bitwise; the only allowance is NaN payloads in test_special_values (compared as "both NaN").
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hcfuse import reference
+from hcfuse._op import OUTPUTS, QWEN_CONFIG
+from models.hc_block import make_fused_node_model, random_activations, random_weights
+from tests._compare import BFLOAT16, assert_bitwise_equal, assert_ulp_close, run_bound
+
+DTYPES = [np.float32, np.float16, BFLOAT16]
+DTYPE_IDS = ["float32", "float16", "bfloat16"]
+ODD_ATTRS = {"epsilon": 1e-3, "reduction_scale": 0.7, "silu_alpha": 1.7, "gate_div": 3.0, "gate_mul": 1.5}
+QWEN_ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
+ACTIVATIONS = ("streams", "prev_block_output", "prev_post_gate")
+
+
+def run_kernel(make_session, *, C, H, R, dtype, feeds, leading_dims=None, prologue=False, streams_out=True,
+               weights_as_inputs=True, **attrs):
+    lead = leading_dims if leading_dims is not None else [f"d{i}" for i in range(feeds["streams"].ndim - 1)]
+    weights = None if weights_as_inputs else {k: feeds[k] for k in ("norm_scale", "down_weight", "up_weight",
+                                                                      "inject_weight")}
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, leading_dims=lead, prologue=prologue,
+                                  streams_out=streams_out, weights_as_inputs=weights_as_inputs, weights=weights, **attrs)
+    sess = make_session(model)
+    names = {i.name for i in sess.get_inputs()}
+    return run_bound(sess, {k: v for k, v in feeds.items() if k in names})
+
+
+def check_against_reference(make_session, *, C, H, R, dtype, lead, rng, prologue=False, streams_out=True,
+                            weights_as_inputs=True, **attrs):
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations(lead, C, H, dtype, rng, prologue)}
+    got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=prologue,
+                     streams_out=streams_out, weights_as_inputs=weights_as_inputs, **attrs)
+    want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **attrs)))
+    assert list(got) == list(OUTPUTS[: 3 if streams_out else 2])
+    for name, value in got.items():
+        assert_bitwise_equal(value, want[name], f"{name} (C={C}, H={H}, R={R}, lead={lead}, prologue={prologue})")
+    return feeds, got
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead", [(5,), (2, 3), (2, 1, 3), (1, 2, 2, 3), ()], ids=["1d", "2d", "3d", "4d", "no-lead"])
+@pytest.mark.parametrize("prologue", [False, True], ids=["plain", "prologue"])
+@pytest.mark.parametrize("streams_out", [False, True], ids=["2-out", "3-out"])
+def test_leading_dims_types_prologue_streams_out(make_session, rng, dtype, lead, prologue, streams_out):
+    check_against_reference(make_session, C=3, H=7, R=5, dtype=dtype, lead=lead, rng=rng, prologue=prologue,
+                            streams_out=streams_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3, 2)], ids=["0", "2x0", "0x3x2"])
+@pytest.mark.parametrize("prologue", [False, True], ids=["plain", "prologue"])
+def test_zero_rows(make_session, rng, dtype, lead, prologue):
+    C, H = 2, 4
+    feeds = {**random_weights(C, H, 3, dtype, rng), **random_activations(lead, C, H, dtype, rng, prologue)}
+    got = run_kernel(make_session, C=C, H=H, R=3, dtype=dtype, feeds=feeds, prologue=prologue)
+    assert [v.shape for v in got.values()] == [(*lead, H), (*lead, C), (*lead, C * H)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("attrs", [ODD_ATTRS, QWEN_ATTRS, {"epsilon": 0.0, "gate_mul": -0.5, "silu_alpha": -2.0}],
+                         ids=["odd", "qwen", "negative"])
+def test_non_default_attributes(make_session, rng, dtype, attrs):
+    check_against_reference(make_session, C=4, H=9, R=6, dtype=dtype, lead=(6,), rng=rng, prologue=True, **attrs)
+
+
+@pytest.mark.parametrize("C", range(1, 9))
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_branch_counts(make_session, rng, C, dtype):
+    check_against_reference(make_session, C=C, H=11, R=4, dtype=dtype, lead=(3,), rng=rng, prologue=C % 2 == 0)
+
+
+@pytest.mark.parametrize("H", [1, 3, 17, 63])
+@pytest.mark.parametrize("R", [1, 2, 7, 33, 64])
+def test_odd_h_and_ranks(make_session, rng, H, R):
+    check_against_reference(make_session, C=3, H=H, R=R, dtype=np.float16, lead=(5,), rng=rng, prologue=True,
+                            **ODD_ATTRS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_weights_as_initializers(make_session, rng, dtype):
+    check_against_reference(make_session, C=4, H=8, R=5, dtype=dtype, lead=(7,), rng=rng, prologue=True,
+                            weights_as_inputs=False, **ODD_ATTRS)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_qwen_size(make_session, rng, rows, dtype):
+    check_against_reference(make_session, C=QWEN_CONFIG["num_branches"], H=QWEN_CONFIG["hidden"],
+                            R=QWEN_CONFIG["rank"], dtype=dtype, lead=(rows,), rng=rng, prologue=True, **QWEN_ATTRS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_row_independence(make_session, rng, dtype):
+    """A row gives the same bits alone as inside a batch of 17 (row tiles of 4 plus a tail)."""
+    C, H, R, rows = 4, 16, 8, 17
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
+    batch = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True, **ODD_ATTRS)
+    for r in (0, 3, 4, 9, 16):
+        one = {k: (v[r : r + 1] if k in ACTIVATIONS else v) for k, v in feeds.items()}
+        alone = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=one, prologue=True, **ODD_ATTRS)
+        for name in alone:
+            assert_bitwise_equal(alone[name][0], batch[name][r], f"{name} row {r} alone vs in a batch of {rows}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_determinism_across_runs_and_threads(make_session, rng, dtype):
+    C, H, R, rows = 4, 32, 16, 64
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True, **QWEN_ATTRS)
+    first = run_bound(make_session(model), feeds)
+    again = run_bound(make_session(model), feeds)
+    single = run_bound(make_session(model, intra_op_threads=1), feeds)
+    many = run_bound(make_session(model, intra_op_threads=4), feeds)
+    for name in first:
+        for other, label in ((again, "second session"), (single, "1 thread"), (many, "4 threads")):
+            assert_bitwise_equal(other[name], first[name], f"{name}: {label} vs first run")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_special_values(make_session, rng, dtype):
+    """Overflowing streams, infinities, NaN and subnormals follow the reference (NaN counted equal)."""
+    C, H, R = 2, 8, 4
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((6,), C, H, dtype, rng, prologue=True)}
+    big = float(ml_dtypes.finfo(dtype).max)
+    s = feeds["streams"].astype(np.float32)
+    s[0] *= big / 4  # S^2 overflows fp32 in the norm
+    s[1, 0] = np.inf
+    s[2, 3] = np.nan
+    s[3] = float(ml_dtypes.finfo(dtype).smallest_subnormal) * np.sign(s[3])  # subnormal row
+    s[4] = 0.0  # all-zero row: hn = 0 * 1/sqrt(epsilon)
+    feeds["streams"] = s.astype(dtype)
+    got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True)
+    want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C)))
+    for name in got:
+        assert_ulp_close(got[name], want[name], 0, name)
+
+
+def test_rejects_bad_input_without_computing(make_session, rng):
+    """A shape error leaves no partial work: the next good run equals the reference."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+    C, H, R = 2, 4, 3
+    feeds = {**random_weights(C, H, R, np.float32, rng), **random_activations((3,), C, H, np.float32, rng)}
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=np.float32, leading_dims=["rows"])
+    for vi in model.graph.input:
+        vi.type.tensor_type.ClearField("shape")
+    sess = make_session(model)
+    bad = dict(feeds, up_weight=np.ones((R, C * H + 1), np.float32))
+    with pytest.raises(InvalidArgument, match=r"up_weight must be \(R, C\*H\) = \(3, 8\); got \(3, 9\)"):
+        sess.run(None, bad)
+    got = sess.run(None, feeds)
+    for name, a, b in zip(OUTPUTS, got, reference.hc_lowrank_mix(**feeds, num_branches=C)):
+        assert_bitwise_equal(a, b, name)
