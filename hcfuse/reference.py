@@ -17,6 +17,8 @@ T is np.float32, np.float16 or ml_dtypes.bfloat16, the same for every input and 
 
 from __future__ import annotations
 
+import inspect
+
 import ml_dtypes
 import numpy as np
 
@@ -134,32 +136,22 @@ def hc_lowrank_mix(
     gate_mul: float = ATTRIBUTES["gate_mul"],
 ):
     """Returns (pre_output (..., H), post_gate (..., C), streams_out (..., C*H)), all of dtype T."""
-    steps = hc_lowrank_mix_steps(
-        streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate,
-        num_branches=num_branches, epsilon=epsilon, reduction_scale=reduction_scale, silu_alpha=silu_alpha,
-        gate_div=gate_div, gate_mul=gate_mul)
+    steps = _steps(**locals())
     return steps["pre_output"], steps["post_gate"], steps["S"]
 
 
-@np.errstate(over="ignore", invalid="ignore", divide="ignore")  # IEEE results (inf, NaN) are the contract
-def hc_lowrank_mix_steps(
-    streams,
-    norm_scale,
-    down_weight,
-    up_weight,
-    inject_weight,
-    prev_block_output=None,
-    prev_post_gate=None,
-    *,
-    num_branches: int,
-    epsilon: float = ATTRIBUTES["epsilon"],
-    reduction_scale: float = ATTRIBUTES["reduction_scale"],
-    silu_alpha: float = ATTRIBUTES["silu_alpha"],
-    gate_div: float = ATTRIBUTES["gate_div"],
-    gate_mul: float = ATTRIBUTES["gate_mul"],
-) -> dict[str, np.ndarray]:
+def hc_lowrank_mix_steps(*args, **kwargs) -> dict[str, np.ndarray]:
     """Every rounding point of the contract, keyed by SPEC's name (S, hn, down, Z, SG, hidden, up, g,
-    pre_output, inject, post_gate), as arrays of dtype T shaped (..., last dim of the step)."""
+    pre_output, inject, post_gate), as arrays of dtype T shaped (..., last dim of the step).
+    Takes hc_lowrank_mix's arguments."""
+    bound = inspect.signature(hc_lowrank_mix).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return _steps(**bound.arguments)
+
+
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")  # IEEE results (inf, NaN) are the contract
+def _steps(streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, *,
+           num_branches, epsilon, reduction_scale, silu_alpha, gate_div, gate_mul) -> dict[str, np.ndarray]:
     arrays = [None if a is None else np.asarray(a) for a in
               (streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate)]
     streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate = arrays
