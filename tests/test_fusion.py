@@ -111,6 +111,19 @@ def test_variants_fuse_and_match_the_stock_chain(hcfuse_lib, dtype, packed, gate
     _assert_same_outputs(original, ir.to_proto(model), hcfuse_lib)
 
 
+def test_mul_with_the_constant_first(hcfuse_lib):
+    original = make_decode_model(2, C=C, H=H, R=R, final_mix=True)
+    model = ir.from_proto(original)
+    mul = _node(model, "Mul", 1)
+    gate, two = mul.inputs
+    mul.replace_input_with(0, two)
+    mul.replace_input_with(1, gate)
+    changed = ir.to_proto(model)
+    report = fuse_with_report(model)
+    assert len(report.fused) == 3 and "Mul" not in _ops(model)
+    _assert_same_outputs(changed, ir.to_proto(model), hcfuse_lib)
+
+
 @pytest.mark.parametrize("leading", [("batch", "seq"), ("rows",), ("num_tokens",), (2, 3)], ids=str)
 def test_leading_dims_forms(hcfuse_lib, leading):
     original = make_decode_model(2, C=C, H=H, R=R, leading_dims=leading, final_mix=True)

@@ -46,20 +46,24 @@ def neighbourhood(anchor: ir.Node, radius: int) -> list[ir.Node]:
     return list(seen)
 
 
+def _fits(pattern_node, node: ir.Node) -> bool:
+    return pattern_node.op.matches(node.op_type) and pattern_node.domain.matches(node.domain)
+
+
 class LocalMatcher(SimplePatternMatcher):
     def match(self, model, graph_or_function, node, *, verbose=0, remove_nodes=True, tracer=None):
         del remove_nodes  # checked by the rule's check(), which can say why
         self._tracer = tracer
         self._graph = graph_or_function if isinstance(graph_or_function, ir.Graph) else graph_or_function.graph
         output_nodes = self.pattern.output_nodes
-        if node.op_identifier() != output_nodes[0].op_identifier():
+        if not _fits(output_nodes[0], node):
             return _basics.MatchResult().fail(f"OpType mismatch: expected {output_nodes[0].op_type}, got {node.op_type}.")
         if self.pattern.has_single_output_node:
             self._init_match(verbose)
             return self._match_single_output_node(model, graph_or_function, node, check_removable=False)
         near = neighbourhood(node, len(self.pattern))
         candidates = [[node]] + [
-            [n for n in near if n.op_identifier() == pattern_node.op_identifier()] for pattern_node in output_nodes[1:]
+            [n for n in near if _fits(pattern_node, n)] for pattern_node in output_nodes[1:]
         ]
         best = None
         for combination in itertools.product(*candidates):

@@ -437,4 +437,4 @@ def _make_rules() -> list[RewriteRule]:
 
 
 hc_lowrank_mix_rules: list[RewriteRule] = _make_rules()
-hc_lowrank_mix_ruleset = RewriteRuleSet(hc_lowrank_mix_rules)
+hc_lowrank_mix_ruleset = RewriteRuleSet(hc_lowrank_mix_rules, commute=True)  # Mul(gate_mul, x) too
