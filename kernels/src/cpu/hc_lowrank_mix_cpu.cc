@@ -6,6 +6,10 @@
 #include <cmath>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace hcfuse {
 namespace {
 
@@ -15,7 +19,8 @@ inline float Sigmoid(float x) {
   return 1.0f / (1.0f + e);
 }
 
-// A weight row as fp32: float rows are used in place, 16-bit rows are widened into buf.
+// A weight row as fp32: float rows are used in place, 16-bit rows are widened into buf (exactly,
+// so the F16C path gives the same values as the portable one).
 inline const float* RowAsFloat(const float* row, int64_t, float*) { return row; }
 template <typename T>
 const float* RowAsFloat(const T* row, int64_t n, float* buf) {
@@ -23,8 +28,30 @@ const float* RowAsFloat(const T* row, int64_t n, float* buf) {
   return buf;
 }
 
-// acc[n] += a * w[n]: one step k of the sequential accumulation (separate multiply and add).
-inline void Axpy(float a, const float* __restrict w, float* __restrict acc, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) void WidenHalfF16c(const Half* row, int64_t n, float* buf) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i));
+    _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) buf[i] = ToFloat(row[i]);
+}
+
+const float* RowAsFloat(const Half* row, int64_t n, float* buf) {
+  static const bool has_f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  if (!has_f16c) return RowAsFloat<Half>(row, n, buf);
+  WidenHalfF16c(row, n, buf);
+  return buf;
+}
+#endif
+
+// acc[n] += a * w[n]: one step k of the sequential accumulation (separate multiply and add; the
+// AVX2 clone only widens the lanes, -ffp-contract=off keeps FMA out of both).
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void Axpy(float a, const float* __restrict w, float* __restrict acc, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += a * w[i];
 }
 
