@@ -389,7 +389,13 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
         source = packed.const_value
 
         def half(columns: slice, name: str):
-            return lambda: ir.tensor(np.ascontiguousarray(source.numpy()[:, columns]), name=name)
+            def make():
+                data = np.ascontiguousarray(source.numpy()[:, columns])
+                if isinstance(source, ir.ExternalTensor):
+                    source.release()  # unmap the packed weight: peak memory stays one tensor, not the model
+                return ir.tensor(data, name=name)
+
+            return make
 
         down_name, inject_name = f"{packed.name}.down", f"{packed.name}.inject"
         down = self._derived(op, m, down_name, (CH, R), half(slice(0, R), down_name))
