@@ -447,6 +447,10 @@ def test_external_data_round_trip(hcfuse_lib, tmp_path):
     assert (tmp_path / "chain.onnx.data").stat().st_size > 0
     model = ir.load(path)
     assert len(fuse_with_report(model).fused) == 4
+    external = [v.const_value for v in model.graph.initializers.values() if isinstance(v.const_value, ir.ExternalTensor)]
+    assert external and all(t.raw is None for t in external)  # fusing read no weight
+    halves = [v.const_value for name, v in model.graph.initializers.items() if name.endswith((".down", ".inject"))]
+    assert len(halves) == 6 and all(isinstance(t, ir.LazyTensor) for t in halves)  # read when saved
     out = tmp_path / "fused.onnx"
     ir.save(model, out, external_data="fused.onnx.data")
     onnx.checker.check_model(str(out))
