@@ -7,10 +7,14 @@ cancels to near zero (pre_output sums C products) is not judged by the spacing o
 
 The bound (DEFAULT_MAX_ULP) follows SPEC.md's contract. The fused op rounds to T at the same points
 as the stock chain, so a single block differs only where accumulation order or the sigmoid flips a
-rounding: for float16/bfloat16 that moves a result by 1 ulp, and a flip in an early step (hn, down)
-moves later ones by a few. A chain carries differences from block to block through the streams,
-growing slowly (see tests/test_api_cli.py and the README for measured gaps). Integer outputs must
-match exactly.
+rounding: 1 ulp of a step, a few ulp of the outputs after it (measured on CPU: at most 3 ulp in
+float16, 23 ulp in float32 at the full Qwen size, where the stock MatMul and Sigmoid are themselves
+a few fp32 ulp off). A chain carries those differences through its residual streams from block to
+block, slowly: the exporter-shaped decode graphs of models/ measured 7 ulp at 8 full-size blocks, 8
+at 24 and 9-11 at 96 blocks in float16, 28.5 ulp at 8 full-size blocks in float32. The bounds,
+32 ulp for float16/bfloat16 and 512 for float32, leave about 3x room over that for any depth up to
+96 blocks; a real fusion error (a lost constant, a wrong weight slice) is thousands of ulp. Integer
+outputs must match exactly.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import onnx_ir as ir
 from hcfuse import model_io
 
 # Largest accepted gap in ulp of T, per element type (float32, float16, bfloat16).
-DEFAULT_MAX_ULP = {ir.DataType.FLOAT: 256.0, ir.DataType.FLOAT16: 8.0, ir.DataType.BFLOAT16: 8.0}
+DEFAULT_MAX_ULP = {ir.DataType.FLOAT: 512.0, ir.DataType.FLOAT16: 32.0, ir.DataType.BFLOAT16: 32.0}
 # Size given to every symbolic or unknown input dimension unless named in `dims`.
 DEFAULT_ROWS = 3
 _MANTISSA_BITS = {ir.DataType.FLOAT: 23, ir.DataType.FLOAT16: 10, ir.DataType.BFLOAT16: 7}
