@@ -92,10 +92,10 @@ def _const_scalar(value: ir.Value | None) -> float | None:
 
 
 def _describe(value: ir.Value) -> str:
-    if value.const_value is not None:
-        return f"initializer {value.name!r}"
     producer = value.producer()
-    return f"graph input {value.name!r}" if producer is None else f"{producer.op_type} output {value.name!r}"
+    if producer is not None:
+        return f"{producer.op_type} output {value.name!r}"
+    return f"initializer {value.name!r}" if value.const_value is not None else f"graph input {value.name!r}"
 
 
 class HcLowRankMixFusion(RewriteRuleClassBase):
