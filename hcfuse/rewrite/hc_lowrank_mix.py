@@ -390,9 +390,15 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
 
         def half(columns: slice, name: str):
             def make():
-                data = np.ascontiguousarray(source.numpy()[:, columns])
+                tensor = source
                 if isinstance(source, ir.ExternalTensor):
-                    source.release()  # unmap the packed weight: peak memory stays one tensor, not the model
+                    # A mapping of its own per half: parallel writers (model_io.save) evaluate both
+                    # halves at once, and releasing a shared mapping under the other one fails.
+                    tensor = ir.ExternalTensor(source.location, source.offset, source.length, source.dtype,
+                                               shape=source.shape, name=source.name, base_dir=source.base_dir)
+                data = np.ascontiguousarray(tensor.numpy()[:, columns])
+                if tensor is not source:
+                    tensor.release()  # unmap the packed weight: peak memory stays one tensor, not the model
                 return ir.tensor(data, name=name)
 
             return make
