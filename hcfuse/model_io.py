@@ -21,6 +21,10 @@ import onnx_ir as ir
 INLINE_LIMIT_BYTES = 1_800_000_000
 # Tensors smaller than this stay inside the .onnx file when external data is written.
 EXTERNAL_THRESHOLD_BYTES = 1024
+# External data is written by a few threads (copying untouched weights overlaps slicing new ones),
+# holding at most this many bytes of materialized tensors at once: peak memory stays small.
+SAVE_WORKERS = 4
+SAVE_IN_FLIGHT_BYTES = 64 * 1024 * 1024
 
 
 class ModelIOError(Exception):
@@ -124,13 +128,17 @@ def save(
         tmp_model = os.path.join(tmp_dir, os.path.basename(path))
         callback = None
         if progress is not None:
+            written_count = [0]  # writers call back out of order: count calls, not indices
+
             def callback(_tensor, info):
-                progress(info.index + 1, info.total)
+                written_count[0] += 1
+                progress(written_count[0], info.total)
         if data_name is None:
             ir.save(model, tmp_model)
         else:
             ir.save(model, tmp_model, external_data=data_name,
-                    size_threshold_bytes=EXTERNAL_THRESHOLD_BYTES, callback=callback)
+                    size_threshold_bytes=EXTERNAL_THRESHOLD_BYTES, callback=callback,
+                    max_workers=SAVE_WORKERS, max_in_flight_bytes=SAVE_IN_FLIGHT_BYTES)
         written = []
         # Data first: the model file appears last, so a model never names missing data.
         names = ([data_name] if data_name and os.path.exists(os.path.join(tmp_dir, data_name)) else [])

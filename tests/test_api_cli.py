@@ -304,6 +304,14 @@ def test_cli_external_data(tmp_path, capsys):
     assert shared
     for n in shared:
         np.testing.assert_array_equal(fused_weights[n], original[n].const_value.numpy())
+    # the halves of each packed [C*H, R+C] weight, written by parallel writers, are its exact columns
+    halves = [n for n in fused_weights if n.endswith((".down", ".inject"))]
+    assert len(halves) == 2 * 3
+    for n in halves:
+        packed_name, half = n.rsplit(".", 1)
+        packed = original[packed_name].const_value.numpy()
+        expected = packed[:, :R] if half == "down" else packed[:, R:]
+        np.testing.assert_array_equal(fused_weights[n], expected)
 
 
 def test_cli_failure_mid_save_leaves_no_output(tmp_path, capsys):
