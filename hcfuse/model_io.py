@@ -8,6 +8,7 @@ only when everything is written: a failure never leaves a half-written output.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import sys
@@ -137,8 +138,7 @@ def save(
             ir.save(model, tmp_model)
         else:
             ir.save(model, tmp_model, external_data=data_name,
-                    size_threshold_bytes=EXTERNAL_THRESHOLD_BYTES, callback=callback,
-                    max_workers=SAVE_WORKERS, max_in_flight_bytes=SAVE_IN_FLIGHT_BYTES)
+                    size_threshold_bytes=EXTERNAL_THRESHOLD_BYTES, callback=callback, **_parallel_save_options())
         written = []
         # Data first: the model file appears last, so a model never names missing data.
         names = ([data_name] if data_name and os.path.exists(os.path.join(tmp_dir, data_name)) else [])
@@ -148,6 +148,13 @@ def save(
         return written
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _parallel_save_options() -> dict:
+    """Parallel writers where this onnx-ir has them (1.1+); older versions write serially."""
+    if "max_workers" not in inspect.signature(ir.save).parameters:
+        return {}
+    return {"max_workers": SAVE_WORKERS, "max_in_flight_bytes": SAVE_IN_FLIGHT_BYTES}
 
 
 def progress_printer(label: str, stream=sys.stderr, every: float = 0.1) -> Callable[[int, int], None]:
