@@ -22,15 +22,14 @@ constexpr cudaDataType_t kCudaType<__half> = CUDA_R_16F;
 template <>
 constexpr cudaDataType_t kCudaType<__nv_bfloat16> = CUDA_R_16BF;
 
-// Owners of the cuBLASLt descriptors of one problem: D = op(A) * B, all column-major.
+// Owners of the cuBLASLt descriptors of one problem.
 struct Problem {
   cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, out = nullptr;
-  bool act_is_a = false;  // which operand the activations are (see MakeProblem)
+  cublasLtMatrixLayout_t weight = nullptr, act = nullptr, out = nullptr;
   ~Problem() {
     if (out) cublasLtMatrixLayoutDestroy(out);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (act) cublasLtMatrixLayoutDestroy(act);
+    if (weight) cublasLtMatrixLayoutDestroy(weight);
     if (desc) cublasLtMatmulDescDestroy(desc);
   }
 };
@@ -38,27 +37,17 @@ struct Problem {
 // cuBLASLt is column-major: the row-major buffers weight[K, N], act[M, K], out[M, N] are the
 // column-major matrices W' (N x K, ld N), A' (K x M, ld K), O' (N x M, ld N), and
 // out = act @ weight  <=>  O' = W' * A'. Nothing is transposed or copied.
-// N == 1 (inject with C = 1): cuBLASLt has no 16-bit kernel for a one-row O', so the same product is
-// described with the rows of out as GEMM rows instead: O (M x 1) = A'^T * W (K x 1). Out has one
-// column, so its leading dimension is never used to address memory; it is rounded up to 16 so that it
-// does not depend on M's alignment (one algorithm for every M).
 cublasStatus_t MakeProblem(cudaDataType_t type, int64_t M, int64_t N, int64_t K, Problem* p) {
   // fp32 compute and fp32 scale for every T: products accumulate in fp32, rounded to T once on store
   HC_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  p->act_is_a = N == 1;
-  const cublasOperation_t op_a = p->act_is_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = CUBLAS_OP_N;
-  HC_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  HC_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  if (p->act_is_a) {
-    HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->a, type, K, M, K));
-    HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->b, type, K, 1, K));
-    HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->out, type, M, 1, (M + 15) / 16 * 16));
-  } else {
-    HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->a, type, N, K, N));
-    HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->b, type, K, M, K));
-    HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->out, type, N, M, N));
-  }
+  const cublasOperation_t no_transpose = CUBLAS_OP_N;
+  HC_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &no_transpose,
+                                                       sizeof(no_transpose)));
+  HC_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose,
+                                                       sizeof(no_transpose)));
+  HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->weight, type, N, K, N));
+  HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->act, type, K, M, K));
+  HC_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&p->out, type, N, M, N));
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -94,7 +83,7 @@ cublasStatus_t HcLtGemm::EnsureHandle() {
   return cublasLtCreate(&handle_);
 }
 
-cublasStatus_t HcLtGemm::Plan(const Key& key, cublasLtMatmulAlgo_t* algo) {
+cublasStatus_t HcLtGemm::Plan(const Key& key, std::optional<cublasLtMatmulAlgo_t>* algo) {
   auto found = algos_.find(key);
   if (found != algos_.end()) {
     *algo = found->second;
@@ -113,18 +102,17 @@ cublasStatus_t HcLtGemm::Plan(const Key& key, cublasLtMatmulAlgo_t* algo) {
   // Never a reduced-precision accumulator (fp16 HMMA accumulation) nor the complex 3m trick.
   HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_IMPL_MASK,
                                  ~(CUBLASLT_NUMERICAL_IMPL_FLAGS_ACCUMULATOR_16F | CUBLASLT_NUMERICAL_IMPL_FLAGS_GAUSSIAN)));
-  HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                 uint32_t{problem.act_is_a ? align_act : align_weight}));
-  HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                 uint32_t{problem.act_is_a ? align_weight : align_act}));
+  HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t{align_weight}));
+  HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t{align_act}));
   HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t{align_out}));
   HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t{align_out}));
 
   constexpr int kCandidates = 8;
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int returned = 0;
-  HC_LT_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle_, problem.desc, problem.a, problem.b, problem.out,
-                                                       problem.out, pref.p, kCandidates, results, &returned));
+  HC_LT_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle_, problem.desc, problem.weight, problem.act,
+                                                       problem.out, problem.out, pref.p, kCandidates, results,
+                                                       &returned));
   for (int i = 0; i < returned; ++i) {
     const auto& r = results[i];
     const uint32_t split_k = AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
@@ -146,34 +134,56 @@ cublasStatus_t HcLtGemm::Plan(const Key& key, cublasLtMatmulAlgo_t* algo) {
     *algo = r.algo;
     return CUBLAS_STATUS_SUCCESS;
   }
-  return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (debug_) {
+    std::fprintf(stderr,
+                 "hcfuse: HyperConnectionLowRankMix general path GEMM N=%lld K=%lld type=%d: cuBLASLt offers no "
+                 "algorithm without split-K and workspace; the fallback kernel runs it\n",
+                 static_cast<long long>(N), static_cast<long long>(K), type);
+  }
+  algos_.emplace(key, std::nullopt);
+  *algo = std::nullopt;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+template <typename T>
+HcLtGemm::Key HcLtGemm::MakeKey(const T* act, const T* weight, const T* out, int64_t N, int64_t K) {
+  return Key{static_cast<int>(kCudaType<T>), N, K, AlignmentOf(act), AlignmentOf(weight), AlignmentOf(out)};
+}
+
+template <typename T>
+cublasStatus_t HcLtGemm::Available(const T* act, const T* weight, const T* out, int64_t N, int64_t K,
+                                   bool* available) {
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  std::lock_guard<std::mutex> lock(mu_);  // Compute may run concurrently on one kernel instance
+  HC_LT_RETURN_IF_ERROR(EnsureHandle());
+  HC_LT_RETURN_IF_ERROR(Plan(MakeKey(act, weight, out, N, K), &algo));
+  *available = algo.has_value();
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 template <typename T>
 cublasStatus_t HcLtGemm::Run(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K,
                              cudaStream_t stream) {
-  const Key key{static_cast<int>(kCudaType<T>), N, K, AlignmentOf(act), AlignmentOf(weight), AlignmentOf(out)};
-  cublasLtMatmulAlgo_t algo;
+  std::optional<cublasLtMatmulAlgo_t> algo;
   {
-    std::lock_guard<std::mutex> lock(mu_);  // Compute may run concurrently on one kernel instance
+    std::lock_guard<std::mutex> lock(mu_);
     HC_LT_RETURN_IF_ERROR(EnsureHandle());
-    HC_LT_RETURN_IF_ERROR(Plan(key, &algo));
+    HC_LT_RETURN_IF_ERROR(Plan(MakeKey(act, weight, out, N, K), &algo));
   }
+  if (!algo) return CUBLAS_STATUS_NOT_SUPPORTED;  // callers ask Available() first
   Problem problem;
   HC_LT_RETURN_IF_ERROR(MakeProblem(kCudaType<T>, M, N, K, &problem));
   const float alpha = 1.0f, beta = 0.0f;
-  const void* a = problem.act_is_a ? static_cast<const void*>(act) : weight;
-  const void* b = problem.act_is_a ? static_cast<const void*>(weight) : act;
-  return cublasLtMatmul(handle_, problem.desc, &alpha, a, problem.a, b, problem.b, &beta, out, problem.out, out,
-                        problem.out, &algo, /*workspace=*/nullptr, 0, stream);
+  return cublasLtMatmul(handle_, problem.desc, &alpha, weight, problem.weight, act, problem.act, &beta, out,
+                        problem.out, out, problem.out, &*algo, /*workspace=*/nullptr, 0, stream);
 }
 
-template cublasStatus_t HcLtGemm::Run<float>(const float*, const float*, float*, int64_t, int64_t, int64_t,
-                                             cudaStream_t);
-template cublasStatus_t HcLtGemm::Run<__half>(const __half*, const __half*, __half*, int64_t, int64_t, int64_t,
-                                              cudaStream_t);
-template cublasStatus_t HcLtGemm::Run<__nv_bfloat16>(const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
-                                                     int64_t, int64_t, int64_t, cudaStream_t);
+#define HC_INSTANTIATE_LT_GEMM(T)                                                                              \
+  template cublasStatus_t HcLtGemm::Run<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, cudaStream_t); \
+  template cublasStatus_t HcLtGemm::Available<T>(const T*, const T*, const T*, int64_t, int64_t, bool*);
+HC_INSTANTIATE_LT_GEMM(float)
+HC_INSTANTIATE_LT_GEMM(__half)
+HC_INSTANTIATE_LT_GEMM(__nv_bfloat16)
 
 }  // namespace cuda
 }  // namespace hcfuse

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 namespace hcfuse {
@@ -31,6 +32,12 @@ class HcLtGemm {
   HcLtGemm(const HcLtGemm&) = delete;
   HcLtGemm& operator=(const HcLtGemm&) = delete;
 
+  // Whether cuBLASLt has an algorithm for this product (plans it on first use). Depends on the type,
+  // N, K and the pointers' alignments, never on M, so a caller that falls back when it has none still
+  // treats every row count alike.
+  template <typename T>
+  cublasStatus_t Available(const T* act, const T* weight, const T* out, int64_t N, int64_t K, bool* available);
+
   // T is float, __half or __nv_bfloat16. `stream` is the caller's (ORT's compute) stream.
   template <typename T>
   cublasStatus_t Run(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
@@ -39,12 +46,14 @@ class HcLtGemm {
   // (cuda data type, N, K, alignment of act, weight, out)
   using Key = std::tuple<int, int64_t, int64_t, unsigned, unsigned, unsigned>;
   cublasStatus_t EnsureHandle();
-  cublasStatus_t Plan(const Key& key, cublasLtMatmulAlgo_t* algo);
+  template <typename T>
+  static Key MakeKey(const T* act, const T* weight, const T* out, int64_t N, int64_t K);
+  cublasStatus_t Plan(const Key& key, std::optional<cublasLtMatmulAlgo_t>* algo);  // nullopt: none
 
   const bool debug_;
   std::mutex mu_;
   cublasLtHandle_t handle_ = nullptr;
-  std::map<Key, cublasLtMatmulAlgo_t> algos_;
+  std::map<Key, std::optional<cublasLtMatmulAlgo_t>> algos_;
 };
 
 }  // namespace cuda

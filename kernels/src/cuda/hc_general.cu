@@ -2,6 +2,7 @@
 //
 //   HcNormKernel       S (prologue), per-branch rms, hn            -> streams_out, hn (scratch)
 //   GEMM (cuBLASLt)    down = hn @ down_weight, inject = hn @ inject_weight
+//                      (HcFallbackGemmKernel where cuBLASLt has no algorithm, e.g. 16-bit with C = 1)
 //   HcSiluKernel       hidden = ScaledSiLU(down), in place
 //   GEMM (cuBLASLt)    up = hidden @ up_weight
 //   HcGateEpilogueKernel  g = sigmoid(up), pre_output, post_gate
@@ -94,6 +95,26 @@ template <typename T>
 __global__ void __launch_bounds__(kElementwiseThreads) HcSiluKernel(T* down, int64_t count, float silu_alpha) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
     down[i] = FromFloat<T>(ScaledSilu<T>(ToFloat(down[i]), silu_alpha));
+  }
+}
+
+// out[m, n] = sum_k act[m, k] * weight[k, n] in fp32, rounded once to T (the GEMM rounding points:
+// down, inject, up), for a product cuBLASLt has no algorithm for (seen: 16-bit types with N = 1, the
+// inject product of one branch). One block per row; thread t sums k = t, t + blockDim.x, ... and
+// BlockSum adds the threads in order: a fixed order that does not depend on the row count.
+template <typename T>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    HcFallbackGemmKernel(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K) {
+  __shared__ float reduce_scratch[32];
+  for (int64_t m = blockIdx.x; m < M; m += gridDim.x) {
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+        acc = fmaf(ToFloat(act[m * K + k]), ToFloat(weight[k * N + n]), acc);
+      }
+      const float total = BlockSum(acc, reduce_scratch);
+      if (threadIdx.x == 0) out[m * N + n] = FromFloat<T>(total);
+    }
   }
 }
 
@@ -192,6 +213,18 @@ HcLaunchStatus CublasFailure(const char* step, cublasStatus_t e) {
   return s;
 }
 
+// One GEMM of the general path: cuBLASLt's pinned algorithm, or the fallback kernel where there is none.
+template <typename T>
+HcLaunchStatus Gemm(const char* step, HcLtGemm& gemm, const T* act, const T* weight, T* out, int64_t M, int64_t N,
+                    int64_t K, cudaStream_t stream) {
+  bool available = false;
+  if (auto s = CublasFailure(step, gemm.Available<T>(act, weight, out, N, K, &available)); !s.ok()) return s;
+  if (available) return CublasFailure(step, gemm.Run<T>(act, weight, out, M, N, K, stream));
+  const unsigned blocks = static_cast<unsigned>(std::min(M, kMaxRowBlocks));
+  HcFallbackGemmKernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, out, M, N, K);
+  return CudaFailure("HcFallbackGemmKernel", cudaGetLastError());
+}
+
 }  // namespace
 
 std::string HcLaunchStatus::Message() const {
@@ -228,14 +261,24 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   HC_DISPATCH_VEC(norm_vec, HcNormKernel, T, norm_blocks, norm_threads, norm);
   if (auto s = CudaFailure("HcNormKernel", cudaGetLastError()); !s.ok()) return s;
 
-  if (auto s = CublasFailure("cuBLASLt GEMM down = hn @ down_weight", gemm.Run<T>(hn, t.down_weight, down, rows, R, width, stream)); !s.ok()) return s;
-  if (auto s = CublasFailure("cuBLASLt GEMM inject = hn @ inject_weight", gemm.Run<T>(hn, t.inject_weight, inject, rows, C, width, stream)); !s.ok()) return s;
+  if (auto s = Gemm<T>("cuBLASLt GEMM down = hn @ down_weight", gemm, hn, t.down_weight, down, rows, R, width, stream);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = Gemm<T>("cuBLASLt GEMM inject = hn @ inject_weight", gemm, hn, t.inject_weight, inject, rows, C, width,
+                       stream);
+      !s.ok()) {
+    return s;
+  }
 
   const unsigned silu_blocks = ElementwiseBlocks(rows * R);
   HcSiluKernel<T><<<silu_blocks, kElementwiseThreads, 0, stream>>>(down, rows * R, p.silu_alpha);
   if (auto s = CudaFailure("HcSiluKernel", cudaGetLastError()); !s.ok()) return s;
 
-  if (auto s = CublasFailure("cuBLASLt GEMM up = hidden @ up_weight", gemm.Run<T>(down, t.up_weight, up, rows, width, R, stream)); !s.ok()) return s;
+  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, down, t.up_weight, up, rows, width, R, stream);
+      !s.ok()) {
+    return s;
+  }
 
   const EpilogueArgs<T> epi{hn, up, inject, t.pre_output, t.post_gate, rows, C, H,
                             p.reduction_scale, p.gate_div, p.gate_mul};
