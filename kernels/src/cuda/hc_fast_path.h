@@ -11,25 +11,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/hc_lowrank_mix_cuda.h"
 #include "hcfuse/hc_params.h"
 
 namespace hcfuse {
 
-// Device pointers of one call. Optional ones are nullptr when absent (prev_block_output and
-// prev_post_gate together; streams_out when the node has no third output).
+// Device pointers of one call: the struct the general path takes too (optional ones nullptr when absent).
 template <typename T>
-struct HcFastArgs {
-  const T* streams = nullptr;
-  const T* norm_scale = nullptr;
-  const T* down_weight = nullptr;
-  const T* up_weight = nullptr;
-  const T* inject_weight = nullptr;
-  const T* prev_block_output = nullptr;
-  const T* prev_post_gate = nullptr;
-  T* pre_output = nullptr;
-  T* post_gate = nullptr;
-  T* streams_out = nullptr;
-};
+using HcFastArgs = cuda::HcDeviceTensors<T>;
 
 // Bytes of device scratch one call needs (fp32 partials and the normalized rows); 0 for zero rows.
 // The glue allocates it through ORT's allocator and passes it to LaunchHcFast.

@@ -195,22 +195,12 @@ unsigned ElementwiseBlocks(int64_t count) {
     default: KERNEL<T, 1><<<grid, block, 0, stream>>>(__VA_ARGS__); break; \
   }
 
+// A failed step as a status (ok when e is the success value of its kind).
 HcLaunchStatus CudaFailure(const char* step, cudaError_t e) {
-  HcLaunchStatus s;
-  if (e != cudaSuccess) {
-    s.step = step;
-    s.cuda = e;
-  }
-  return s;
+  return e == cudaSuccess ? HcLaunchStatus{} : HcLaunchStatus{step, e, CUBLAS_STATUS_SUCCESS};
 }
-
 HcLaunchStatus CublasFailure(const char* step, cublasStatus_t e) {
-  HcLaunchStatus s;
-  if (e != CUBLAS_STATUS_SUCCESS) {
-    s.step = step;
-    s.cublas = e;
-  }
-  return s;
+  return e == CUBLAS_STATUS_SUCCESS ? HcLaunchStatus{} : HcLaunchStatus{step, cudaSuccess, e};
 }
 
 // One GEMM of the general path: cuBLASLt's pinned algorithm, or the fallback kernel where there is none.

@@ -201,9 +201,6 @@ class HcLowRankMixCudaKernel {
   Ort::Status RunFast(OrtKernelContext* ctx, const HcLowRankMixParams& p, const cuda::HcDeviceTensors<CT>& t,
                       cudaStream_t stream) {
     if constexpr (kHasFastPath) {
-      const HcFastArgs<CT> args{t.streams,           t.norm_scale,     t.down_weight, t.up_weight,
-                                t.inject_weight,     t.prev_block_output, t.prev_post_gate, t.pre_output,
-                                t.post_gate,         t.streams_out};
       const size_t bytes = HcFastScratchBytes(p);
       Scratch scratch = AllocateScratch(ctx, device_, bytes);
       const bool use_pdl = sm_major_ >= 9;
@@ -214,7 +211,7 @@ class HcLowRankMixCudaKernel {
                      static_cast<long long>(HcFastStage2Ctas(p, cluster)), use_pdl ? "on" : "off",
                      weights_constant_ ? "constant (read before the wait)" : "produced upstream (read after the wait)");
       }
-      const cudaError_t e = LaunchHcFast<CT>(args, p, scratch.get(), bytes, stream, weights_constant_, use_pdl);
+      const cudaError_t e = LaunchHcFast<CT>(t, p, scratch.get(), bytes, stream, weights_constant_, use_pdl);
       if (e != cudaSuccess) {
         return LaunchFailure("LaunchHcFast", std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
       }
