@@ -11,7 +11,9 @@ rounding: 1 ulp of a step, a few ulp of the outputs after it (measured on CPU: a
 float16, 23 ulp in float32 at the full Qwen size, where the stock MatMul and Sigmoid are themselves
 a few fp32 ulp off). A chain carries those differences through its residual streams from block to
 block, slowly: the exporter-shaped decode graphs of models/ measured 7 ulp at 8 full-size blocks, 8
-at 24 and 9-11 at 96 blocks in float16, 28.5 ulp at 8 full-size blocks in float32. The bounds,
+at 24 and 9-11 at 96 blocks in float16, 28.5 ulp at 8 full-size blocks in float32; on an H200
+(CUDA, rows 1/4/16) 6/13/15 ulp at 96 full-size blocks in bfloat16 and 18/29/38.5 ulp at 8
+full-size blocks in float32 (TF32 off: it keeps only 10 mantissa bits, thousands of ulp). The bounds,
 32 ulp for float16/bfloat16 and 512 for float32, leave about 3x room over that for any depth up to
 96 blocks; a real fusion error (a lost constant, a wrong weight slice) is thousands of ulp. Integer
 outputs must match exactly.
@@ -156,6 +158,9 @@ def _session(path: str, provider: str, library: str):
     options.register_custom_ops_library(library)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
+    if provider == _CUDA:
+        # float32 MatMul on TF32 tensor cores keeps 10 mantissa bits: the contract accumulates in fp32
+        return ort.InferenceSession(path, options, providers=[(provider, {"use_tf32": "0"})])
     return ort.InferenceSession(path, options, providers=[provider])
 
 
