@@ -52,13 +52,42 @@ class _Progress:
         return model_io.progress_printer(f"         {label}") if self.enabled else None
 
 
-def _infer_shapes(model: ir.Model, base_dir: str) -> ir.Model:
-    """Runs hcfuse.infer_shapes (ORT's symbolic shape inference) without reading external weights."""
+def _skeleton_proto(model: ir.Model):
+    """The model as a proto whose large initializers are external references that are never read.
+
+    Shape inference needs initializer shapes and small (shape-like) values only, so neither lazy
+    tensors (the fusion's weight halves) nor external weights are materialized.
+    """
+    swapped = []
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is not None and tensor.nbytes > model_io.EXTERNAL_THRESHOLD_BYTES:
+                swapped.append((value, tensor))
+                value.const_value = ir.ExternalTensor(
+                    "hcfuse-not-read.data", 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=value.name)
+    try:
+        return ir.to_proto(model)
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
+
+
+def _infer_shapes(model: ir.Model) -> ir.Model:
+    """hcfuse.infer_shapes (ORT's symbolic shape inference) applied to model's values in place."""
     from hcfuse.ort_symbolic_shape import infer_shapes
 
-    inferred = ir.from_proto(infer_shapes(ir.to_proto(model), auto_merge=True))
-    ir.external_data.set_base_dir(inferred.graph, base_dir)
-    return inferred
+    inferred = ir.from_proto(infer_shapes(_skeleton_proto(model), auto_merge=True))
+    found = {}
+    for graph in inferred.graphs():
+        found.update({v.name: v for node in graph for v in node.outputs})
+        found.update({v.name: v for v in graph.outputs})
+    for graph in model.graphs():
+        for value in [*(v for node in graph for v in node.outputs), *graph.outputs]:
+            source = found.get(value.name)
+            if source is not None and source.type is not None:
+                value.type, value.shape = source.type, source.shape
+    return model
 
 
 def _write_json_atomic(path: str, data: dict) -> None:
@@ -114,7 +143,7 @@ def _optimize(args) -> int:
     fuse_s = time.perf_counter() - t_fuse
     progress.stage(f"fused in {fuse_s:.2f} s")
     if args.infer_shapes:
-        fused = _infer_shapes(fused, os.path.dirname(os.path.abspath(args.input)))
+        fused = _infer_shapes(fused)
         progress.stage("inferred shapes")
     model_io.save(fused, args.output, progress=progress.saver("saving weights"))
     total_s = time.perf_counter() - t_start
@@ -163,7 +192,7 @@ def _unfuse(args) -> int:
 def _infer_shapes_cmd(args) -> int:
     model = model_io.load(args.input)
     model_io.check_output_path(args.output, args.input, model)
-    model_io.save(_infer_shapes(model, os.path.dirname(os.path.abspath(args.input))), args.output)
+    model_io.save(_infer_shapes(model), args.output)
     print(f"hcfuse infer-shapes: {args.input} -> {args.output}")
     return EXIT_OK
 

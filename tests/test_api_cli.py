@@ -288,11 +288,13 @@ def test_cli_external_data(tmp_path, capsys):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     dst = str(out_dir / "fused.onnx")
-    code, _, err = run_cli(capsys, "optimize", src, "-o", dst)
+    code, _, err = run_cli(capsys, "optimize", src, "-o", dst, "--infer-shapes")
     assert code == EXIT_OK, err
     assert digest(src, src + ".data") == before
     assert sorted(os.listdir(out_dir)) == ["fused.onnx", "fused.onnx.data"]
     proto = onnx.load(dst, load_external_data=False)
+    typed = {vi.name for vi in [*proto.graph.value_info, *proto.graph.output] if vi.type.tensor_type.HasField("shape")}
+    assert typed >= {n.output[0] for n in proto.graph.node}
     locations = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
     assert locations == {"fused.onnx.data"}
     reloaded = model_io.load(dst)
