@@ -407,3 +407,16 @@ def test_cli_summary_names_rejected_blocks(tmp_path, capsys):
     assert code == EXIT_OK, err
     assert "fused 2 block(s)" in out and "left unfused: 1 candidate(s)" in out
     assert f"{norm.name}: intermediate" in out and "graph output" in out
+
+
+def test_verify_fused_node_with_weights_as_inputs(hcfuse_lib):
+    """Random weights fed as inputs are scaled like real ones (1/sqrt(rows)): the library's op against
+    its unfused chain."""
+    from models.hc_block import make_fused_node_model
+
+    fused = make_fused_node_model(C=C, H=H, R=R, dtype=np.float16, prologue=True, streams_out=True,
+                                  gate_div=4.0, gate_mul=2.0, silu_alpha=0.25, reduction_scale=0.25)
+    result = hcfuse.verify(hcfuse.unfuse(fused), fused, providers=["CPUExecutionProvider"], rows=7)
+    assert result.status == "passed", result.summary()
+    assert [g.name for g in result.outputs] == list(_op.OUTPUTS)
+    assert result.input_shapes["down_weight"] == [C * H, R] and result.input_shapes["streams"] == [7, C * H]
