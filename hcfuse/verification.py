@@ -75,6 +75,8 @@ class VerifyResult:
         if self.status == "unverifiable":
             return f"verify: not verified: {self.reason}"
         lines = [f"verify ({self.provider}, inputs {self.input_shapes}): {self.status.upper()}"]
+        if self.reason:
+            lines.append(f"  {self.reason}")
         for gap in self.outputs:
             mark = "ok" if gap.ok else "FAIL"
             lines.append(f"  {gap.name} {gap.dtype}{list(gap.shape)}: max gap {gap.max_ulp:g} ulp "
@@ -246,8 +248,8 @@ def _compare(expected, actual, reference: ir.Model, provider, feeds, max_ulp) ->
         a, b = expected[out.name], actual.get(out.name)
         if b is None or b.shape != a.shape or b.dtype != a.dtype:
             found = "missing" if b is None else f"{b.dtype}{list(b.shape)}"
-            return VerifyResult("failed", provider, gaps,
-                                reason=f"output {out.name!r}: expected {a.dtype}{list(a.shape)}, optimized gives {found}")
+            reason = f"output {out.name!r}: expected {a.dtype}{list(a.shape)}, optimized gives {found}"
+            return VerifyResult("failed", provider, gaps, reason=reason)
         dtype = ir.DataType.from_numpy(a.dtype)
         if dtype in _MANTISSA_BITS:
             bound = max_ulp if isinstance(max_ulp, (int, float)) else (max_ulp or DEFAULT_MAX_ULP)[dtype]
