@@ -420,3 +420,13 @@ def test_verify_fused_node_with_weights_as_inputs(hcfuse_lib):
     assert result.status == "passed", result.summary()
     assert [g.name for g in result.outputs] == list(_op.OUTPUTS)
     assert result.input_shapes["down_weight"] == [C * H, R] and result.input_shapes["streams"] == [7, C * H]
+
+
+def test_verify_fails_on_a_missing_output(hcfuse_lib):
+    original = small(2)
+    fused = ir.from_proto(hcfuse.optimize(original))
+    fused.graph.outputs[0].name = "renamed"
+    result = hcfuse.verify(original, fused, providers=["CPUExecutionProvider"])
+    assert result.status == "failed"
+    assert "output 'hidden_states'" in result.reason and "missing" in result.reason
+    assert result.reason in result.summary()
