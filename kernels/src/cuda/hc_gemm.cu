@@ -62,6 +62,11 @@ struct Preference {
   }
 };
 
+// Row counts every pinned algorithm is checked against before it is taken (cuBLASLt accepts some
+// algorithms for one M and rejects them for another, e.g. a one-row output in 16-bit types): small,
+// odd, tile-boundary and large M, so no row count reaches an algorithm that would refuse it.
+constexpr int64_t kProbeRows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 31, 33, 64, 127, 128, 129, 255, 257, 1000, 4099};
+
 template <typename V>
 V AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr, V fallback) {
   V value = fallback;
@@ -73,6 +78,20 @@ V AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribute
 }
 
 }  // namespace
+
+bool HcLtGemm::ValidForAllRows(cudaDataType_t type, int64_t N, int64_t K, const cublasLtMatmulAlgo_t& algo) {
+  for (int64_t M : kProbeRows) {
+    Problem problem;
+    cublasLtMatmulHeuristicResult_t check = {};
+    if (MakeProblem(type, M, N, K, &problem) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoCheck(handle_, problem.desc, problem.weight, problem.act, problem.out, problem.out, &algo,
+                                &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize != 0) {
+      return false;
+    }
+  }
+  return true;
+}
 
 HcLtGemm::~HcLtGemm() {
   if (handle_) cublasLtDestroy(handle_);
@@ -118,7 +137,7 @@ cublasStatus_t HcLtGemm::Plan(const Key& key, std::optional<cublasLtMatmulAlgo_t
     const uint32_t split_k = AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
     const uint32_t reduction = AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 0);
     if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize != 0 || split_k > 1 ||
-        reduction != CUBLASLT_REDUCTION_SCHEME_NONE) {
+        reduction != CUBLASLT_REDUCTION_SCHEME_NONE || !ValidForAllRows(static_cast<cudaDataType_t>(type), N, K, r.algo)) {
       continue;
     }
     if (debug_) {
@@ -137,7 +156,7 @@ cublasStatus_t HcLtGemm::Plan(const Key& key, std::optional<cublasLtMatmulAlgo_t
   if (debug_) {
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMix general path GEMM N=%lld K=%lld type=%d: cuBLASLt offers no "
-                 "algorithm without split-K and workspace; the fallback kernel runs it\n",
+                 "algorithm without split-K and workspace valid for every row count; the fallback kernel runs it\n",
                  static_cast<long long>(N), static_cast<long long>(K), type);
   }
   algos_.emplace(key, std::nullopt);

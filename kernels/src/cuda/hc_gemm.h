@@ -5,7 +5,9 @@
 // different kernel may sum in a different order. HcLtGemm therefore picks ONE algorithm per
 // (type, N, K, alignments) - with M fixed to kPlanRows - with split-K and every other reduction
 // scheme excluded and no workspace, and runs it for every M. A row's dot products then always go
-// through the same kernel and the same K order, whatever the batch. One instance per ORT kernel;
+// through the same kernel and the same K order, whatever the batch. The algorithm must pass
+// cublasLtMatmulAlgoCheck for a spread of row counts; where none does, Available() says so and the
+// caller runs its fallback kernel for every M. One instance per ORT kernel;
 // no process-wide state. Host-only (no device code), never throws, never synchronizes.
 #pragma once
 
@@ -49,6 +51,8 @@ class HcLtGemm {
   template <typename T>
   static Key MakeKey(const T* act, const T* weight, const T* out, int64_t N, int64_t K);
   cublasStatus_t Plan(const Key& key, std::optional<cublasLtMatmulAlgo_t>* algo);  // nullopt: none
+  // cublasLtMatmulAlgoCheck passes for every row count of kProbeRows (hc_gemm.cu).
+  bool ValidForAllRows(cudaDataType_t type, int64_t N, int64_t K, const cublasLtMatmulAlgo_t& algo);
 
   const bool debug_;
   std::mutex mu_;
