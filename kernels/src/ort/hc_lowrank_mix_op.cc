@@ -15,15 +15,6 @@ using CpuType = std::conditional_t<std::is_same_v<T, Ort::Float16_t>, Half,
                                    std::conditional_t<std::is_same_v<T, Ort::BFloat16_t>, BFloat16, float>>;
 static_assert(sizeof(Ort::Float16_t) == sizeof(Half) && sizeof(Ort::BFloat16_t) == sizeof(BFloat16));
 
-template <typename T>
-const CpuType<T>* Cpu(const T* p) {
-  return reinterpret_cast<const CpuType<T>*>(p);
-}
-template <typename T>
-CpuType<T>* Cpu(T* p) {
-  return reinterpret_cast<CpuType<T>*>(p);
-}
-
 // Runs the tasks on the session's intra-op thread pool; serially when it cannot.
 HcTaskRunner OrtTaskRunner(OrtKernelContext* ctx) {
   return [ctx](int64_t num_tasks, const std::function<void(int64_t)>& fn) {
@@ -55,19 +46,8 @@ struct HcLowRankMixCpuKernel {
     Ort::Status st = PrepareHcLowRankMix<T>(ctx, attrs_, streams, norm_scale, down_weight, up_weight, inject_weight,
                                             prev_block_output, prev_post_gate, streams_out.has_value(), &params, &out);
     if (!st.IsOK() || params.rows == 0) return st;
-    HcLowRankMixCpuArgs<CpuType<T>> args;
-    args.streams = Cpu(streams.Data());
-    args.norm_scale = Cpu(norm_scale.Data());
-    args.down_weight = Cpu(down_weight.Data());
-    args.up_weight = Cpu(up_weight.Data());
-    args.inject_weight = Cpu(inject_weight.Data());
-    if (params.has_prologue) {
-      args.prev_block_output = Cpu((*prev_block_output)->Data());
-      args.prev_post_gate = Cpu((*prev_post_gate)->Data());
-    }
-    args.pre_output = Cpu(out.pre_output);
-    args.post_gate = Cpu(out.post_gate);
-    args.streams_out = Cpu(out.streams_out);
+    const auto args = HcPointers<HcLowRankMixCpuArgs<CpuType<T>>>(
+        streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, params, out);
     HcLowRankMixCpu(params, args, OrtTaskRunner(ctx));
     return Ort::Status{nullptr};
   }

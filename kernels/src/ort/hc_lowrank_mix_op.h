@@ -16,6 +16,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "hcfuse/hc_params.h"
@@ -152,6 +154,32 @@ Ort::Status AllocateHcLowRankMixOutputs(OrtKernelContext* ctx, HcLowRankMixParam
     *slots[i] = static_cast<T*>(data);
   }
   return Ort::Status{nullptr};
+}
+
+// The pointers of one call in the math's args struct (CPU: HcLowRankMixCpuArgs, CUDA: HcDeviceTensors;
+// the same field names), each reinterpreted as the math's storage type of T (same bits). Optional
+// ones stay null unless params says they are there.
+template <typename Args, typename T>
+Args HcPointers(HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight, HcInput<T> up_weight,
+                HcInput<T> inject_weight, const HcOptionalInput<T>& prev_block_output,
+                const HcOptionalInput<T>& prev_post_gate, const HcLowRankMixParams& params,
+                const HcOutputPtrs<T>& out) {
+  using S = std::remove_pointer_t<decltype(std::declval<Args>().pre_output)>;
+  const auto in = [](const Ort::Custom::Tensor<T>& t) { return reinterpret_cast<const S*>(t.Data()); };
+  Args a;
+  a.streams = in(streams);
+  a.norm_scale = in(norm_scale);
+  a.down_weight = in(down_weight);
+  a.up_weight = in(up_weight);
+  a.inject_weight = in(inject_weight);
+  if (params.has_prologue) {
+    a.prev_block_output = in(**prev_block_output);
+    a.prev_post_gate = in(**prev_post_gate);
+  }
+  a.pre_output = reinterpret_cast<S*>(out.pre_output);
+  a.post_gate = reinterpret_cast<S*>(out.post_gate);
+  a.streams_out = params.has_streams_out ? reinterpret_cast<S*>(out.streams_out) : nullptr;
+  return a;
 }
 
 // Everything above, in the order every Compute needs it: shapes -> validated params -> outputs.

@@ -134,19 +134,8 @@ class HcLowRankMixCudaKernel {
                                             &out);
     if (!st.IsOK() || params.rows == 0) return st;  // zero rows: empty outputs, nothing launched
 
-    cuda::HcDeviceTensors<CT> t;
-    t.streams = Device(streams.Data());
-    t.norm_scale = Device(norm_scale.Data());
-    t.down_weight = Device(down_weight.Data());
-    t.up_weight = Device(up_weight.Data());
-    t.inject_weight = Device(inject_weight.Data());
-    if (params.has_prologue) {
-      t.prev_block_output = Device((*prev_block_output)->Data());
-      t.prev_post_gate = Device((*prev_post_gate)->Data());
-    }
-    t.pre_output = reinterpret_cast<CT*>(out.pre_output);
-    t.post_gate = reinterpret_cast<CT*>(out.post_gate);
-    t.streams_out = params.has_streams_out ? reinterpret_cast<CT*>(out.streams_out) : nullptr;
+    const auto t = HcPointers<cuda::HcDeviceTensors<CT>>(streams, norm_scale, down_weight, up_weight, inject_weight,
+                                                          prev_block_output, prev_post_gate, params, out);
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(ctx).GetGPUComputeStream());
 
     std::string why;
@@ -167,8 +156,6 @@ class HcLowRankMixCudaKernel {
   }
 
  private:
-  static const CT* Device(const T* p) { return reinterpret_cast<const CT*>(p); }
-
   // The fast path when it supports the call and (unless forced) the row count is decode-sized.
   // `why` says what decided, for HCFUSE_DEBUG and the forced-path error.
   bool UseFastPath(const HcLowRankMixParams& p, const cuda::HcDeviceTensors<CT>& t, std::string* why) const {
