@@ -22,6 +22,8 @@ from hcfuse.schema import deregister_schema, register_schema
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 DTYPES = pytest.mark.parametrize("elem", [F32, F16, BF16], ids=["float", "float16", "bfloat16"])
 WEIGHT_INPUTS = INPUTS[1:5]
+# onnxruntime 1.32 ships a handler (and a schema) for the op; 1.31 does not
+ORT_SHIPS_HANDLER = hasattr(SymbolicShapeInference, f"_infer_{OP_TYPE}")
 OPAQUE = "example.opaque"  # a domain nobody knows: its ops get no inference at all
 
 
@@ -97,14 +99,15 @@ def test_reviewers_case(outputs, in_tmp_path):
     model = _one_node(("batch",), c=2, h=8, r=8, outputs=outputs)
     model.graph.node.append(helper.make_node(PRE_MIX, ["streams", "streams"], ["premix"], domain=DOMAIN, num_branches=2))
     model.graph.output.append(helper.make_empty_tensor_value_info("premix"))
-    deregister_schema()  # ORT's tool on its own, as before hcfuse
-    try:
-        with pytest.raises(Exception, match="Incomplete symbolic shape inference"):
-            SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-        assert (in_tmp_path / "sym_shape_infer_temp.onnx").exists()  # the stock tool's dump
-        (in_tmp_path / "sym_shape_infer_temp.onnx").unlink()
-    finally:
-        register_schema()
+    if not ORT_SHIPS_HANDLER:  # onnxruntime 1.31: the stock tool alone fails on the op, as reported
+        deregister_schema()
+        try:
+            with pytest.raises(Exception, match="Incomplete symbolic shape inference"):
+                SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            assert (in_tmp_path / "sym_shape_infer_temp.onnx").exists()  # the stock tool's dump
+            (in_tmp_path / "sym_shape_infer_temp.onnx").unlink()
+        finally:
+            register_schema()
     shapes = _shapes(hcfuse.infer_shapes(model, auto_merge=True))
     assert shapes["premix"] == (F32, ["batch", 8])
     assert shapes["pre0"] == (F32, ["batch", 8])
@@ -193,6 +196,7 @@ def test_symbolic_width_gives_a_sympy_h():
     assert shapes["S0"] == (F32, ["batch", "w"])
 
 
+@pytest.mark.skipif(ORT_SHIPS_HANDLER, reason="this onnxruntime ships its own handler for the op")
 def test_symbolic_width_loses_batch_in_the_stock_tool_even_with_the_schema():
     """ONNX cannot spell w/2, so the stock tool invents fresh symbols for pre_output: why the handler exists."""
     shapes = _shapes(SymbolicShapeInference.infer_shapes(_one_node(("batch",), c=2, width="w"), auto_merge=True))
@@ -292,14 +296,14 @@ def test_opset_below_7_is_an_error():
 
 
 def test_handler_is_ours_in_the_subclass_and_only_inside_register_with_ort():
-    def handler(ssi):
-        return ssi.dispatcher_.get(OP_TYPE)
+    def ours(ssi):
+        return getattr(ssi.dispatcher_.get(OP_TYPE), "func", None) is infer_hc_lowrank_mix
 
-    assert handler(HcSymbolicShapeInference(2**31 - 1, True, False, 0)).func is infer_hc_lowrank_mix
-    assert handler(SymbolicShapeInference(2**31 - 1, True, False, 0)) is None
+    assert ours(HcSymbolicShapeInference(2**31 - 1, True, False, 0))
+    assert not ours(SymbolicShapeInference(2**31 - 1, True, False, 0))
     with register_with_ort():
-        assert handler(SymbolicShapeInference(2**31 - 1, True, False, 0)).func is infer_hc_lowrank_mix
-    assert handler(SymbolicShapeInference(2**31 - 1, True, False, 0)) is None
+        assert ours(SymbolicShapeInference(2**31 - 1, True, False, 0))
+    assert not ours(SymbolicShapeInference(2**31 - 1, True, False, 0))
 
 
 def test_register_with_ort_serves_the_stock_entry_point_and_restores_on_error():
@@ -309,7 +313,8 @@ def test_register_with_ort_serves_the_stock_entry_point_and_restores_on_error():
     assert shapes["pre0"] == (F32, ["batch", "w/2"])
     with pytest.raises(RuntimeError, match="boom"), register_with_ort():
         raise RuntimeError("boom")
-    assert OP_TYPE not in SymbolicShapeInference(2**31 - 1, True, False, 0).dispatcher_
+    restored = SymbolicShapeInference(2**31 - 1, True, False, 0).dispatcher_.get(OP_TYPE)
+    assert getattr(restored, "func", None) is not infer_hc_lowrank_mix
 
 
 def test_register_with_ort_serves_transformers_helper():
