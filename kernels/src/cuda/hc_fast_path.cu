@@ -32,7 +32,7 @@ using cuda::ToFloat;
 constexpr int kStage1Threads = 384;
 constexpr int kStage2Threads = 320;
 constexpr int kMaxRowChunk = 8;
-constexpr int kVec = 4;  // columns per GEMV thread (one 8-byte load of T)
+constexpr int kVec = 4;  // columns per GEMV thread (one 8-byte load of T; one float4 of partial sums)
 
 // Run-time tiling shared by both kernels (derived on the host from HcLowRankMixParams).
 struct FastDims {
@@ -88,22 +88,31 @@ __device__ __forceinline__ void Load4(const T* p, float (&w)[kVec]) {
   for (int j = 0; j < kVec; ++j) w[j] = ToFloat<T>(v.v[j]);
 }
 
+// sum over g = 0..groups-1 of p[g * stride], in that order, with up to kBatch loads in flight
+// (a plain loop would wait one L2 round trip per group).
+__device__ __forceinline__ float SumPartials(const float* p, size_t stride, int groups) {
+  constexpr int kBatch = 16;
+  float acc = 0.0f;
+  for (int base = 0; base < groups; base += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int g = 0; g < kBatch; ++g) v[g] = base + g < groups ? p[(base + g) * stride] : 0.0f;
+#pragma unroll
+    for (int g = 0; g < kBatch; ++g) {
+      if (base + g < groups) acc += v[g];
+    }
+  }
+  return acc;
+}
+
 // hn = S * (1 / sqrt(mean(S^2) + eps)) * norm_scale, in hcfuse.reference's order (rounded by the caller).
 __device__ __forceinline__ float InverseRms(float sum_sq, int H, float epsilon) {
   return __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(H)), epsilon)));
 }
 
-// S at one position of the row (the prologue when present), rounded to T.
-template <typename T>
-__device__ __forceinline__ float LoadS(const T* streams_row, const T* prev_row, float prev_gate, int k, int h,
-                                       bool has_prologue) {
-  const float s = ToFloat<T>(streams_row[k]);
-  if (!has_prologue) return s;
-  return RoundToT<T>(cuda::PrologueS(s, prev_gate, ToFloat<T>(prev_row[h])));  // rounding point: S
-}
-
 // Block GEMV on shared memory: red[g][i][n] = sum over k in group g's contiguous range of
 // x[i][k] * w[k][n], for column groups of 4 (w row stride `ldw`), then red[0] = sum over g in order.
+// red is 16-byte aligned and ncols a multiple of 4.
 // Columns [0, n_a) come from w_a (stride ld_a), [n_a, n_a + n_b) from w_b (stride ld_b).
 template <typename T, int RC>
 __device__ __forceinline__ void BlockGemv(const float* x, int ldx, const T* w_a, int n_a, int ld_a, const T* w_b,
@@ -111,8 +120,9 @@ __device__ __forceinline__ void BlockGemv(const float* x, int ldx, const T* w_a,
   const int ncols = n_a + n_b;
   const int klen = kdim / kg;
   for (int item = threadIdx.x; item < (ncols / kVec) * kg; item += blockDim.x) {
-    const int col = (item / kg) * kVec;
-    const int g = item % kg;
+    // column groups fastest: a warp's lanes read one k row of w (no bank conflicts) and share x
+    const int col = (item % (ncols / kVec)) * kVec;
+    const int g = item / (ncols / kVec);
     const T* w = col < n_a ? w_a + col : w_b + (col - n_a);
     const int ldw = col < n_a ? ld_a : ld_b;
     float acc[RC][kVec] = {};
@@ -128,8 +138,7 @@ __device__ __forceinline__ void BlockGemv(const float* x, int ldx, const T* w_a,
     }
 #pragma unroll
     for (int i = 0; i < RC; ++i) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) red[(g * RC + i) * ncols + col + j] = acc[i][j];
+      *reinterpret_cast<float4*>(red + (g * RC + i) * ncols + col) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
     }
   }
   __syncthreads();
@@ -143,10 +152,10 @@ __device__ __forceinline__ void BlockGemv(const float* x, int ldx, const T* w_a,
 
 // ------------------------------------------------------------------------------------------------
 // Stage 1. Shared memory: down tile [ks][R] T | inject tile [ks][C] T | norm_scale [ks] T |
-// hn [RC][ks] f32 | red [kg1][RC][R + C] f32 (red[0] ends as this CTA's partial) | inv_rms [RC] f32 |
-// warp sums [32][RC] f32.
+// hn [RC][ks] f32 | S of the slice [RC][ks] f32 | red [kg1][RC][R + C] f32 (red[0] ends as this CTA's
+// partial) | inv_rms [RC] f32 | warp sums [32][RC] f32.
 template <typename T, int RC, int CL>
-__global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
+__global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1Kernel(
     HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int ncols = d.R + d.C;
@@ -154,7 +163,8 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   T* w_inj = w_down + d.ks * d.R;
   T* scale = w_inj + d.ks * d.C;
   float* xs = reinterpret_cast<float*>(smem + (((d.ks * (d.R + d.C + 1)) * sizeof(T) + 15) / 16) * 16);
-  float* red = xs + RC * d.ks;
+  float* s_slice = xs + RC * d.ks;
+  float* red = s_slice + RC * d.ks;
   float* inv_rms = red + d.kg1 * RC * ncols;
   float* warp_sums = inv_rms + RC;
 
@@ -175,29 +185,38 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
   for (int r0 = 0; r0 < d.rows; r0 += RC) {
     const int nr = min(RC, d.rows - r0);
-    // Sum of squares of S over the branch, per row: strided per thread, butterfly, warps in order.
-    float ss[RC];
+    // Sum of squares of S over the branch, per row: strided per thread (all rows' loads issued
+    // before any use), butterfly, warps in order. The slice's S values stay in shared memory.
+    float ss[RC], gate[RC];
 #pragma unroll
     for (int i = 0; i < RC; ++i) {
       ss[i] = 0.0f;
-      if (i >= nr) continue;
-      const size_t row = r0 + i;
-      const T* srow = args.streams + row * d.K;
-      const T* prow = d.has_prologue ? args.prev_block_output + row * d.H : nullptr;
-      const float gate = d.has_prologue ? ToFloat<T>(args.prev_post_gate[row * d.C + branch]) : 0.0f;
-      for (int h = threadIdx.x * kVec; h < d.H; h += blockDim.x * kVec) {
-        const auto sv = cuda::LoadVec<T, kVec>(srow + branch * d.H + h);
-        cuda::Vec<T, kVec> pv{};
-        if (d.has_prologue) pv = cuda::LoadVec<T, kVec>(prow + h);
+      gate[i] = d.has_prologue && i < nr ? ToFloat<T>(args.prev_post_gate[(r0 + i) * static_cast<size_t>(d.C) + branch]) : 0.0f;
+    }
+    for (int h = threadIdx.x * kVec; h < d.H; h += blockDim.x * kVec) {
+      cuda::Vec<T, kVec> sv[RC], pv[RC];
+#pragma unroll
+      for (int i = 0; i < RC; ++i) {
+        if (i >= nr) continue;
+        const size_t row = r0 + i;
+        sv[i] = cuda::LoadVec<T, kVec>(args.streams + row * d.K + branch * d.H + h);
+        if (d.has_prologue) pv[i] = cuda::LoadVec<T, kVec>(args.prev_block_output + row * d.H + h);
+      }
+      const bool in_slice = h >= h0 && h < h0 + d.ks;
+#pragma unroll
+      for (int i = 0; i < RC; ++i) {
+        if (i >= nr) continue;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          float s = ToFloat<T>(sv.v[j]);
-          if (d.has_prologue) s = RoundToT<T>(cuda::PrologueS(s, gate, ToFloat<T>(pv.v[j])));  // rounding point: S
+          float s = ToFloat<T>(sv[i].v[j]);
+          if (d.has_prologue) s = RoundToT<T>(cuda::PrologueS(s, gate[i], ToFloat<T>(pv[i].v[j])));  // rounding point: S
           ss[i] = __fadd_rn(ss[i], __fmul_rn(s, s));
+          if (in_slice) s_slice[i * d.ks + h - h0 + j] = s;
         }
       }
-      ss[i] = cuda::WarpSum(ss[i]);
     }
+#pragma unroll
+    for (int i = 0; i < RC; ++i) ss[i] = cuda::WarpSum(ss[i]);
     if (lane == 0) {
 #pragma unroll
       for (int i = 0; i < RC; ++i) warp_sums[warp * RC + i] = ss[i];
@@ -216,9 +235,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
       float hn = 0.0f;
       if (i < nr) {
         const size_t row = r0 + i;
-        const float gate = d.has_prologue ? ToFloat<T>(args.prev_post_gate[row * d.C + branch]) : 0.0f;
-        const float s = LoadS<T>(args.streams + row * d.K, d.has_prologue ? args.prev_block_output + row * d.H : nullptr,
-                                 gate, k0 + kk, h0 + kk, d.has_prologue);
+        const float s = s_slice[idx];
         hn = RoundToT<T>(__fmul_rn(__fmul_rn(s, inv_rms[i]), ToFloat<T>(scale[kk])));  // rounding point: hn
         hn_out[row * d.K + k0 + kk] = FromFloat<T>(hn);
         if (args.streams_out != nullptr) args.streams_out[row * d.K + k0 + kk] = FromFloat<T>(s);
@@ -259,7 +276,8 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
 }
 
 // ------------------------------------------------------------------------------------------------
-// Stage 2. Shared memory: up tile [R][C*hs] T | hidden [RC][R] f32 | red [kg2][RC][C*hs] f32.
+// Stage 2. Shared memory: up tile [R][C*hs] T | hn of the CTA's columns [RC][C*hs] T |
+// hidden [RC][R] f32 | red [kg2][RC][C*hs] f32.
 template <typename T, int RC, int CL>
 __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     HcFastArgs<T> args, FastDims d, const float* __restrict__ partials, const T* __restrict__ hn_in,
@@ -267,17 +285,30 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   extern __shared__ __align__(16) unsigned char smem[];
   const int ncols = d.C * d.hs;
   const int pcols = d.R + d.C;  // columns of a partial row
+  const int segs = d.hs / kVec;  // 8-byte pieces of one branch's hs features
   T* w_up = reinterpret_cast<T*>(smem);
-  float* hid = reinterpret_cast<float*>(smem + ((d.R * ncols * sizeof(T) + 15) / 16) * 16);
+  T* hn_s = w_up + d.R * ncols;
+  float* hid = reinterpret_cast<float*>(smem + (((d.R + RC) * ncols * sizeof(T) + 15) / 16) * 16);
   float* red = hid + RC * d.R;
 
   const int h0 = blockIdx.x * d.hs;
   auto load_weights = [&] {
-    const int chunks_per_seg = d.hs / kVec;  // 8-byte pieces of one branch's hs features
-    for (int idx = threadIdx.x; idx < d.R * d.C * chunks_per_seg; idx += blockDim.x) {
-      const int r = idx / (d.C * chunks_per_seg), rem = idx % (d.C * chunks_per_seg);
-      const int c = rem / chunks_per_seg, j = (rem % chunks_per_seg) * kVec;
-      CpAsync<8>(w_up + r * ncols + c * d.hs + j, args.up_weight + static_cast<size_t>(r) * d.K + c * d.H + h0 + j);
+    const int pieces = d.C * segs;  // 8-byte pieces in one row of the tile
+    const int t = threadIdx.x;
+    if (pieces <= static_cast<int>(blockDim.x)) {
+      // each thread keeps one piece and walks down the rows (no index division per copy)
+      const int step = blockDim.x / pieces;
+      if (t < step * pieces) {
+        const int p = t % pieces, c = p / segs, j = (p % segs) * kVec;
+        T* dst = w_up + c * d.hs + j;
+        const T* src = args.up_weight + c * d.H + h0 + j;
+        for (int r = t / pieces; r < d.R; r += step) CpAsync<8>(dst + r * ncols, src + static_cast<size_t>(r) * d.K);
+      }
+    } else {
+      for (int idx = t; idx < d.R * pieces; idx += blockDim.x) {
+        const int r = idx / pieces, p = idx % pieces, c = p / segs, j = (p % segs) * kVec;
+        CpAsync<8>(w_up + r * ncols + c * d.hs + j, args.up_weight + static_cast<size_t>(r) * d.K + c * d.H + h0 + j);
+      }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
@@ -292,19 +323,36 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     r_begin = static_cast<int>(blockIdx.x % CL) * per_rank;
     r_len = max(0, min(d.R, r_begin + per_rank) - r_begin);
   }
+  const int gate_items = blockIdx.x == 0 ? d.C : 0;  // CTA 0 also computes post_gate
   for (int r0 = 0; r0 < d.rows; r0 += RC) {
     const int nr = min(RC, d.rows - r0);
-    for (int idx = threadIdx.x; idx < RC * r_len; idx += blockDim.x) {
-      const int i = idx / r_len, r = r_begin + idx % r_len;
-      float hidden = 0.0f;
-      if (i < nr) {
-        const float* p = partials + static_cast<size_t>(r0 + i) * pcols + r;
-        float acc = 0.0f;
-        for (int grp = 0; grp < d.groups; ++grp) acc += p[static_cast<size_t>(grp) * d.rows * pcols];
-        const float down = RoundToT<T>(acc);                    // rounding point: down
-        hidden = cuda::ScaledSilu<T>(down, d.silu_alpha);       // rounding points: Z, SG, hidden
+    // hn of this CTA's columns for the pre-mix, in flight while the partials are reduced
+    for (int idx = threadIdx.x; idx < nr * d.C * segs; idx += blockDim.x) {
+      const int i = idx / (d.C * segs), rem = idx % (d.C * segs);
+      const int c = rem / segs, j = (rem % segs) * kVec;
+      CpAsync<8>(hn_s + i * ncols + c * d.hs + j, hn_in + static_cast<size_t>(r0 + i) * d.K + c * d.H + h0 + j);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    // down -> hidden for this rank's slice of R, and (CTA 0) inject -> post_gate, side by side.
+    for (int idx = threadIdx.x; idx < RC * (r_len + gate_items); idx += blockDim.x) {
+      const int i = idx / (r_len + gate_items), col = idx % (r_len + gate_items);
+      const size_t stride = static_cast<size_t>(d.rows) * pcols;
+      if (col < r_len) {
+        const int r = r_begin + col;
+        float hidden = 0.0f;
+        if (i < nr) {
+          const float down = RoundToT<T>(SumPartials(partials + static_cast<size_t>(r0 + i) * pcols + r, stride,
+                                                     d.groups));  // rounding point: down
+          hidden = cuda::ScaledSilu<T>(down, d.silu_alpha);  // rounding points: Z, SG, hidden
+        }
+        hid[i * d.R + r] = hidden;
+      } else if (i < nr) {
+        const int c = col - r_len;
+        const float inject = RoundToT<T>(SumPartials(partials + static_cast<size_t>(r0 + i) * pcols + d.R + c, stride,
+                                                     d.groups));  // rounding point: inject
+        args.post_gate[static_cast<size_t>(r0 + i) * d.C + c] =
+            FromFloat<T>(cuda::PostGate(inject, d.gate_div, d.gate_mul));  // rounding point: post_gate
       }
-      hid[i * d.R + r] = hidden;
     }
     if constexpr (CL > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -314,48 +362,33 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       const int per_rank = (d.R + CL - 1) / CL;
       for (int idx = threadIdx.x; idx < RC * d.R; idx += blockDim.x) {
         const int owner = (idx % d.R) / per_rank;
-        if (owner != static_cast<int>(cluster.block_rank())) hid[idx] = cluster.map_shared_rank(hid, owner)[idx];
+        if (owner != static_cast<int>(cluster.block_rank())) hid[idx] = *cluster.map_shared_rank(hid + idx, owner);
       }
       cluster.sync();  // every rank has its copy before anyone overwrites its slice or exits
 #else
       __trap();
 #endif
-    } else {
-      __syncthreads();
     }
-    if (r0 == 0) {
-      CpAsyncWaitAll();
-      __syncthreads();
-    }
+    CpAsyncWaitAll();  // the up tile (first chunk) and hn
+    __syncthreads();
     BlockGemv<T, RC>(hid, d.R, w_up, ncols, ncols, w_up, 0, ncols, d.R, d.kg2, red);
     // red[0][i][j] = up (fp32) of column j = c * hs + hh.
     for (int idx = threadIdx.x; idx < RC * ncols; idx += blockDim.x) {
-      const float up = RoundToT<T>(red[idx]);       // rounding point: up
-      red[idx] = RoundToT<T>(cuda::Sigmoid(up));    // rounding point: g
+      const float up = RoundToT<T>(red[idx]);     // rounding point: up
+      red[idx] = RoundToT<T>(cuda::Sigmoid(up));  // rounding point: g
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < nr * d.hs; idx += blockDim.x) {
       const int i = idx / d.hs, hh = idx % d.hs;
-      const size_t row = r0 + i;
       float mix = 0.0f;
       for (int c = 0; c < d.C; ++c) {
-        const float hn = ToFloat<T>(hn_in[row * d.K + c * d.H + h0 + hh]);
-        mix = __fadd_rn(mix, __fmul_rn(hn, red[i * ncols + c * d.hs + hh]));
+        const int j = i * ncols + c * d.hs + hh;
+        mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), red[j]));
       }
-      args.pre_output[row * d.H + h0 + hh] = FromFloat<T>(__fmul_rn(d.reduction_scale, mix));  // rounding point: pre_output
+      args.pre_output[static_cast<size_t>(r0 + i) * d.H + h0 + hh] =
+          FromFloat<T>(__fmul_rn(d.reduction_scale, mix));  // rounding point: pre_output
     }
-    if (blockIdx.x == 0) {
-      for (int idx = threadIdx.x; idx < nr * d.C; idx += blockDim.x) {
-        const int i = idx / d.C, c = idx % d.C;
-        const float* p = partials + static_cast<size_t>(r0 + i) * pcols + d.R + c;
-        float acc = 0.0f;
-        for (int grp = 0; grp < d.groups; ++grp) acc += p[static_cast<size_t>(grp) * d.rows * pcols];
-        const float inject = RoundToT<T>(acc);  // rounding point: inject
-        args.post_gate[static_cast<size_t>(r0 + i) * d.C + c] =
-            FromFloat<T>(cuda::PostGate(inject, d.gate_div, d.gate_mul));  // rounding point: post_gate
-      }
-    }
-    __syncthreads();  // red and hid are rewritten by the next chunk
+    __syncthreads();  // red, hid and hn_s are rewritten by the next chunk
   }
 }
 
@@ -404,12 +437,12 @@ size_t PartialBytes(const HcLowRankMixParams& p) {
 
 size_t Stage1SmemBytes(const FastDims& d, int rc) {
   const size_t tiles = ((static_cast<size_t>(d.ks) * (d.R + d.C + 1) * 2 + 15) / 16) * 16;
-  return tiles + sizeof(float) * (static_cast<size_t>(rc) * d.ks + static_cast<size_t>(d.kg1) * rc * (d.R + d.C) +
+  return tiles + sizeof(float) * (2 * static_cast<size_t>(rc) * d.ks + static_cast<size_t>(d.kg1) * rc * (d.R + d.C) +
                                   rc + 32 * rc);
 }
 
 size_t Stage2SmemBytes(const FastDims& d, int rc) {
-  const size_t tile = ((static_cast<size_t>(d.R) * d.C * d.hs * 2 + 15) / 16) * 16;
+  const size_t tile = ((static_cast<size_t>(d.R + rc) * d.C * d.hs * 2 + 15) / 16) * 16;
   return tile + sizeof(float) * (static_cast<size_t>(rc) * d.R + static_cast<size_t>(d.kg2) * rc * d.C * d.hs);
 }
 
