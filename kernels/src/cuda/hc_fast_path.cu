@@ -110,30 +110,48 @@ __device__ __forceinline__ float InverseRms(float sum_sq, int H, float epsilon) 
   return __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(H)), epsilon)));
 }
 
+// RC consecutive floats of shared memory (16-byte aligned when RC >= 4) into registers.
+template <int RC>
+__device__ __forceinline__ void LoadRows(const float* p, float (&v)[RC]) {
+  if constexpr (RC % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < RC; i += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(p + i);
+      v[i] = q.x, v[i + 1] = q.y, v[i + 2] = q.z, v[i + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < RC; ++i) v[i] = p[i];
+  }
+}
+
 // Block GEMV on shared memory: red[g][i][n] = sum over k in group g's contiguous range of
-// x[i][k] * w[k][n], for column groups of 4 (w row stride `ldw`), then red[0] = sum over g in order.
-// red is 16-byte aligned and ncols a multiple of 4.
-// Columns [0, n_a) come from w_a (stride ld_a), [n_a, n_a + n_b) from w_b (stride ld_b).
+// x[k][i] * w[k][n] (x holds the RC rows of one k side by side), for column groups of 4, then
+// red[0] = sum over g in order. red is 16-byte aligned and ncols a multiple of 4.
+// Columns [0, n_a) come from w_a (row stride ld_a), [n_a, n_a + n_b) from w_b (row stride ld_b).
 template <typename T, int RC>
-__device__ __forceinline__ void BlockGemv(const float* x, int ldx, const T* w_a, int n_a, int ld_a, const T* w_b,
-                                          int n_b, int ld_b, int kdim, int kg, float* red) {
+__device__ __forceinline__ void BlockGemv(const float* x, const T* w_a, int n_a, int ld_a, const T* w_b, int n_b,
+                                          int ld_b, int kdim, int kg, float* red) {
   const int ncols = n_a + n_b;
   const int klen = kdim / kg;
-  for (int item = threadIdx.x; item < (ncols / kVec) * kg; item += blockDim.x) {
+  const int ngroups = ncols / kVec;
+  for (int item = threadIdx.x; item < ngroups * kg; item += blockDim.x) {
     // column groups fastest: a warp's lanes read one k row of w (no bank conflicts) and share x
-    const int col = (item % (ncols / kVec)) * kVec;
-    const int g = item / (ncols / kVec);
-    const T* w = col < n_a ? w_a + col : w_b + (col - n_a);
+    const int col = (item % ngroups) * kVec;
+    const int g = item / ngroups;
     const int ldw = col < n_a ? ld_a : ld_b;
+    const T* w = (col < n_a ? w_a + col : w_b + (col - n_a)) + g * klen * ldw;
+    const float* xk = x + g * klen * RC;
     float acc[RC][kVec] = {};
-    for (int k = g * klen; k < (g + 1) * klen; ++k) {
-      float wv[kVec];
-      Load4<T>(w + static_cast<size_t>(k) * ldw, wv);
+#pragma unroll 2
+    for (int k = 0; k < klen; ++k, w += ldw, xk += RC) {
+      float wv[kVec], xv[RC];
+      Load4<T>(w, wv);
+      LoadRows<RC>(xk, xv);
 #pragma unroll
       for (int i = 0; i < RC; ++i) {
-        const float xv = x[i * ldx + k];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) acc[i][j] = fmaf(xv, wv[j], acc[i][j]);
+        for (int j = 0; j < kVec; ++j) acc[i][j] = fmaf(xv[i], wv[j], acc[i][j]);
       }
     }
 #pragma unroll
@@ -152,9 +170,9 @@ __device__ __forceinline__ void BlockGemv(const float* x, int ldx, const T* w_a,
 
 // ------------------------------------------------------------------------------------------------
 // Stage 1. Shared memory: down tile [ks][R] T | inject tile [ks][C] T | norm_scale [ks] T |
-// hn [RC][ks] f32 | S of the slice [RC][ks] f32 | red [kg1][RC][R + C] f32 (red[0] ends as this CTA's
-// partial) | inv_rms [RC] f32 | warp sums [32][RC] f32.
-template <typename T, int RC, int CL>
+// hn [ks][RC] f32 | S of the slice [RC][ks] f32 | red [kg1][RC][R + C] f32 (red[0] ends as this CTA's
+// partial) | inv_rms [RC] f32 | warp sums [32][RC] f32. PRO: the node has the prologue.
+template <typename T, int RC, int CL, bool PRO>
 __global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1Kernel(
     HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -187,32 +205,37 @@ __global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1Kernel(
     const int nr = min(RC, d.rows - r0);
     // Sum of squares of S over the branch, per row: strided per thread (all rows' loads issued
     // before any use), butterfly, warps in order. The slice's S values stay in shared memory.
+    // Padding rows of the chunk repeat the last row (cheap L1/L2 hits, no branches); unused.
     float ss[RC], gate[RC];
+    const T* srow[RC];
+    const T* prow[RC];
 #pragma unroll
     for (int i = 0; i < RC; ++i) {
+      const size_t row = r0 + min(i, nr - 1);
       ss[i] = 0.0f;
-      gate[i] = d.has_prologue && i < nr ? ToFloat<T>(args.prev_post_gate[(r0 + i) * static_cast<size_t>(d.C) + branch]) : 0.0f;
+      srow[i] = args.streams + row * d.K + branch * d.H;
+      prow[i] = PRO ? args.prev_block_output + row * d.H : nullptr;
+      gate[i] = PRO ? ToFloat<T>(args.prev_post_gate[row * d.C + branch]) : 0.0f;
     }
     for (int h = threadIdx.x * kVec; h < d.H; h += blockDim.x * kVec) {
       cuda::Vec<T, kVec> sv[RC], pv[RC];
 #pragma unroll
       for (int i = 0; i < RC; ++i) {
-        if (i >= nr) continue;
-        const size_t row = r0 + i;
-        sv[i] = cuda::LoadVec<T, kVec>(args.streams + row * d.K + branch * d.H + h);
-        if (d.has_prologue) pv[i] = cuda::LoadVec<T, kVec>(args.prev_block_output + row * d.H + h);
+        sv[i] = cuda::LoadVec<T, kVec>(srow[i] + h);
+        if constexpr (PRO) pv[i] = cuda::LoadVec<T, kVec>(prow[i] + h);
       }
       const bool in_slice = h >= h0 && h < h0 + d.ks;
 #pragma unroll
       for (int i = 0; i < RC; ++i) {
-        if (i >= nr) continue;
+        float sq[kVec];
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           float s = ToFloat<T>(sv[i].v[j]);
-          if (d.has_prologue) s = RoundToT<T>(cuda::PrologueS(s, gate[i], ToFloat<T>(pv[i].v[j])));  // rounding point: S
+          if constexpr (PRO) s = RoundToT<T>(cuda::PrologueS(s, gate[i], ToFloat<T>(pv[i].v[j])));  // rounding point: S
           ss[i] = __fadd_rn(ss[i], __fmul_rn(s, s));
-          if (in_slice) s_slice[i * d.ks + h - h0 + j] = s;
+          sq[j] = s;
         }
+        if (in_slice) *reinterpret_cast<float4*>(s_slice + i * d.ks + h - h0) = make_float4(sq[0], sq[1], sq[2], sq[3]);
       }
     }
 #pragma unroll
@@ -240,10 +263,10 @@ __global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1Kernel(
         hn_out[row * d.K + k0 + kk] = FromFloat<T>(hn);
         if (args.streams_out != nullptr) args.streams_out[row * d.K + k0 + kk] = FromFloat<T>(s);
       }
-      xs[idx] = hn;
+      xs[kk * RC + i] = hn;
     }
     __syncthreads();
-    BlockGemv<T, RC>(xs, d.ks, w_down, d.R, d.R, w_inj, d.C, d.C, d.ks, d.kg1, red);
+    BlockGemv<T, RC>(xs, w_down, d.R, d.R, w_inj, d.C, d.C, d.ks, d.kg1, red);
 
     // red[0] = this CTA's partial [RC][R + C]; reduce the cluster's partials rank by rank.
     if constexpr (CL > 1) {
@@ -277,7 +300,7 @@ __global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1Kernel(
 
 // ------------------------------------------------------------------------------------------------
 // Stage 2. Shared memory: up tile [R][C*hs] T | hn of the CTA's columns [RC][C*hs] T |
-// hidden [RC][R] f32 | red [kg2][RC][C*hs] f32.
+// hidden [R][RC] f32 | red [kg2][RC][C*hs] f32.
 template <typename T, int RC, int CL>
 __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     HcFastArgs<T> args, FastDims d, const float* __restrict__ partials, const T* __restrict__ hn_in,
@@ -345,7 +368,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
                                                      d.groups));  // rounding point: down
           hidden = cuda::ScaledSilu<T>(down, d.silu_alpha);  // rounding points: Z, SG, hidden
         }
-        hid[i * d.R + r] = hidden;
+        hid[r * RC + i] = hidden;
       } else if (i < nr) {
         const int c = col - r_len;
         const float inject = RoundToT<T>(SumPartials(partials + static_cast<size_t>(r0 + i) * pcols + d.R + c, stride,
@@ -360,9 +383,13 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       cg::cluster_group cluster = cg::this_cluster();
       cluster.sync();
       const int per_rank = (d.R + CL - 1) / CL;
-      for (int idx = threadIdx.x; idx < RC * d.R; idx += blockDim.x) {
-        const int owner = (idx % d.R) / per_rank;
-        if (owner != static_cast<int>(cluster.block_rank())) hid[idx] = *cluster.map_shared_rank(hid + idx, owner);
+      for (int r = threadIdx.x; r < d.R; r += blockDim.x) {
+        const int owner = r / per_rank;
+        if (owner == static_cast<int>(cluster.block_rank())) continue;
+        float v[RC];
+        LoadRows<RC>(cluster.map_shared_rank(hid + r * RC, owner), v);
+#pragma unroll
+        for (int i = 0; i < RC; ++i) hid[r * RC + i] = v[i];
       }
       cluster.sync();  // every rank has its copy before anyone overwrites its slice or exits
 #else
@@ -371,7 +398,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     }
     CpAsyncWaitAll();  // the up tile (first chunk) and hn
     __syncthreads();
-    BlockGemv<T, RC>(hid, d.R, w_up, ncols, ncols, w_up, 0, ncols, d.R, d.kg2, red);
+    BlockGemv<T, RC>(hid, w_up, ncols, ncols, w_up, 0, ncols, d.R, d.kg2, red);
     // red[0][i][j] = up (fp32) of column j = c * hs + hh.
     for (int idx = threadIdx.x; idx < RC * ncols; idx += blockDim.x) {
       const float up = RoundToT<T>(red[idx]);     // rounding point: up
@@ -478,8 +505,9 @@ cudaError_t Launch(Kernel kernel, int grid, int threads, size_t smem, int cluste
 template <typename T, int RC, int CL>
 cudaError_t LaunchStages(const HcFastArgs<T>& args, const FastDims& d, float* partials, T* hn, cudaStream_t stream,
                          bool weights_are_constant, bool use_pdl) {
-  cudaError_t err = Launch(HcFastStage1Kernel<T, RC, CL>, d.ctas_per_branch * d.C, kStage1Threads,
-                           Stage1SmemBytes(d, RC), CL, use_pdl, stream, args, d, partials, hn, weights_are_constant);
+  const auto stage1 = d.has_prologue ? HcFastStage1Kernel<T, RC, CL, true> : HcFastStage1Kernel<T, RC, CL, false>;
+  cudaError_t err = Launch(stage1, d.ctas_per_branch * d.C, kStage1Threads, Stage1SmemBytes(d, RC), CL, use_pdl,
+                           stream, args, d, partials, hn, weights_are_constant);
   if (err != cudaSuccess) return err;
   return Launch(HcFastStage2Kernel<T, RC, CL>, d.H / d.hs, kStage2Threads, Stage2SmemBytes(d, RC), CL, use_pdl,
                 stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
