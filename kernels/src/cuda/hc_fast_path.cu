@@ -33,6 +33,10 @@ constexpr int kStage1Threads = 384;
 constexpr int kStage2Threads = 320;
 constexpr int kMaxRowChunk = 8;
 constexpr int kVec = 4;  // columns per GEMV thread (one 8-byte load of T; one float4 of partial sums)
+static_assert(kVec == 4, "GEMV partials are stored as float4 and S slices as float4");
+static_assert(kStage1Threads % 32 == 0 && kStage2Threads % 32 == 0, "warp sums assume whole warps");
+static_assert(kStage1Threads / 32 <= 32, "stage 1 keeps one warp sum per warp in [32][RC]");
+static_assert(kHcFastClusterSize <= 8, "a portable cluster size (no non-portable attribute is set)");
 
 // Run-time tiling shared by both kernels (derived on the host from HcLowRankMixParams).
 struct FastDims {
