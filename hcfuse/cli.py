@@ -90,10 +90,24 @@ def _infer_shapes(model: ir.Model) -> ir.Model:
     return model
 
 
-def _write_json_atomic(path: str, data: dict) -> None:
+def _check_report_path(path: str, args, model: ir.Model) -> None:
+    """Refuses a --report path that cannot be written or names a model file of this run (checked
+    before any work, so a bad path neither costs a fusion nor leaves an output behind)."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise model_io.ModelIOError(f"{path}: report directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise model_io.ModelIOError(f"{path}: is a directory, expected a report file path")
+    output_data = os.path.join(os.path.dirname(os.path.abspath(args.output)), model_io.data_file_name(args.output))
+    models = {"the input model": args.input, "the output model": args.output, "the output's data": output_data}
+    models.update({f"the input's data {p}": p for p in sorted(model_io.external_data_paths(model))})
+    for what, other in models.items():
+        if model_io.same_file(path, other):
+            raise model_io.ModelIOError(f"{path}: the report would overwrite {what}; write it to a new path")
+
+
+def _write_json_atomic(path: str, data: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".hcfuse-report-", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
@@ -132,6 +146,8 @@ def _optimize(args) -> int:
     t_start = time.perf_counter()
     model = model_io.load(args.input)
     model_io.check_output_path(args.output, args.input, model)
+    if args.report:
+        _check_report_path(args.report, args, model)
     progress = _Progress(model_io.initializer_bytes(model) > LARGE_MODEL_BYTES)
     progress.stage(f"loaded {args.input}")
     before = _op_counts(model)

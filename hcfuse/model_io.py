@@ -85,6 +85,13 @@ def data_file_name(path: str | os.PathLike) -> str:
     return os.path.basename(os.fspath(path)) + ".data"
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same path, or both exist and are one file (links too)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
 def check_output_path(out_path: str | os.PathLike, in_path: str | os.PathLike | None = None,
                       model: ir.Model | None = None) -> None:
     """Refuses outputs that cannot be written or would overwrite the input or its data."""
@@ -99,6 +106,10 @@ def check_output_path(out_path: str | os.PathLike, in_path: str | os.PathLike | 
     if model is not None:
         data = os.path.join(directory, data_file_name(out))
         for used in external_data_paths(model):
+            if same_file(out, used):
+                raise ModelIOError(
+                    f"{out_path}: output is the input model's external data file {used}; write to a new path"
+                )
             if os.path.exists(data) and os.path.samefile(data, used):
                 raise ModelIOError(
                     f"{out_path}: its external data file {data} is read by the input model; "

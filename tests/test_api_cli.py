@@ -430,3 +430,31 @@ def test_verify_fails_on_a_missing_output(hcfuse_lib):
     assert result.status == "failed"
     assert "output 'hidden_states'" in result.reason and "missing" in result.reason
     assert result.reason in result.summary()
+
+
+def test_cli_refuses_writing_over_the_inputs_data_file(tmp_path, capsys):
+    """-o naming the input's external data file would replace the weights the input reads."""
+    src = str(tmp_path / "a.onnx")
+    ir.save(ir.from_proto(small(2)), src, external_data="w.data", size_threshold_bytes=0)
+    data = str(tmp_path / "w.data")
+    before = digest(src, data)
+    code, _, err = run_cli(capsys, "optimize", src, "-o", data)
+    assert code == EXIT_ERROR and "input model's external data file" in err
+    assert digest(src, data) == before
+
+
+@pytest.mark.parametrize("target, message", [
+    ("input", "would overwrite the input model"),
+    ("output", "would overwrite the output model"),
+    ("directory", "is a directory"),
+    ("missing_dir", "report directory"),
+])
+def test_cli_report_path_checked_before_any_work(target, message, model_file, tmp_path, capsys):
+    out_path = str(tmp_path / "o.onnx")
+    report = {"input": model_file, "output": out_path, "directory": str(tmp_path),
+              "missing_dir": str(tmp_path / "no" / "r.json")}[target]
+    before = digest(model_file)
+    code, out, err = run_cli(capsys, "optimize", model_file, "-o", out_path, "--report", report)
+    assert code == EXIT_ERROR and message in err and len(err.strip().splitlines()) == 1, err
+    assert digest(model_file) == before
+    assert not os.path.exists(out_path) and out == ""  # refused before fusing or writing anything
