@@ -34,7 +34,7 @@ from onnxruntime.tools.symbolic_shape_infer import (
     is_literal,
 )
 
-from hcfuse._op import INPUTS, OP_TYPE, OUTPUTS
+from hcfuse._op import INPUTS, NUM_REQUIRED_INPUTS, OP_TYPE, OUTPUTS
 from hcfuse.schema import register_schema
 
 __all__ = [
@@ -79,6 +79,9 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
     if c is None or c <= 0:
         raise ValueError(f"{where}: num_branches must be a positive int; got {c}")
     names = [_input_name(node, i) for i in range(len(INPUTS))]
+    missing = [INPUTS[i] for i in range(NUM_REQUIRED_INPUTS) if not names[i]]
+    if missing:
+        raise ValueError(f"{where}: required input(s) {', '.join(missing)} missing")
     if bool(names[_PREV_OUT]) != bool(names[_PREV_GATE]):
         raise ValueError(
             f"{where}: prev_block_output and prev_post_gate come as a pair; got "

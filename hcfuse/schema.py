@@ -215,6 +215,9 @@ def _infer(ctx) -> None:
 
     n_in = ctx.get_num_inputs()
     present = [i for i in range(n_in) if ctx.has_input(i)]
+    missing = [INPUTS[i] for i in range(NUM_REQUIRED_INPUTS) if i not in present]
+    if missing:
+        raise InferenceError(f"{where}: required input(s) {', '.join(missing)} missing")
     has_prev = [i in present for i in (_PREV_OUT, _PREV_GATE)]
     if has_prev[0] != has_prev[1]:
         given, missing = (INPUTS[_PREV_OUT], INPUTS[_PREV_GATE])[:: 1 if has_prev[0] else -1]

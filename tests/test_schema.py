@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.shape_inference import InferenceError
 
-from hcfuse._op import DOMAIN, INPUTS, OP_TYPE, OUTPUTS, SINCE_VERSION, attribute_defaults
+from hcfuse._op import DOMAIN, INPUTS, NUM_REQUIRED_INPUTS, OP_TYPE, OUTPUTS, SINCE_VERSION, attribute_defaults
 from hcfuse.schema import deregister_schema, make_schema, register_schema
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
@@ -198,6 +198,16 @@ def test_half_a_prologue_pair_raises(given, missing):
     match = rf"{INPUTS[given]} is given without {INPUTS[missing]}; the prologue inputs come as a pair"
     with pytest.raises(InferenceError, match=match):
         _run_case(node, types)
+
+
+@pytest.mark.parametrize("missing", range(NUM_REQUIRED_INPUTS))
+def test_missing_required_input_raises(missing):
+    # infer_node_outputs validates the node first; a model's inference calls _infer as it is
+    register_schema()
+    model = _model(prologue=False)
+    model.graph.node[1].input[missing] = ""
+    with pytest.raises(InferenceError, match=rf"required input\(s\) {INPUTS[missing]} missing"):
+        onnx.shape_inference.infer_shapes(model)
 
 
 def test_error_names_the_node():

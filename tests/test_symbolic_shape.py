@@ -235,6 +235,8 @@ def _break(model: onnx.ModelProto, case: str) -> onnx.ModelProto:
         model.graph.initializer[3].CopyFrom(helper.make_tensor("inject_weight", F32, [16, 3], [0.0] * 48))
     elif case == "half_prologue":
         node.input[6] = ""
+    elif case == "missing_streams":
+        node.input[0] = ""
     elif case == "prev_leading":
         model.graph.input[-2].type.tensor_type.shape.dim[0].dim_value = 5
     elif case == "elem_type":
@@ -253,6 +255,7 @@ _ERRORS = {
                       r"prev_block_output and prev_post_gate come as a pair; got prev_block_output='prev_out', prev_post_gate=''"),
     "prev_leading": (r"prev_block_output leading dim 0 is 5 but streams has 3 there",
                      r"prev_block_output must be \(\.\.\., H\) with streams' leading dims = \(3, 8\); got \(5, 8\)"),
+    "missing_streams": (r"required input\(s\) streams missing", r"required input\(s\) streams missing"),
     "elem_type": (r"prev_post_gate has element type FLOAT16 but streams has FLOAT",
                   r"all inputs must share one element type T; got streams=FLOAT, .*prev_post_gate=FLOAT16"),
 }  # fmt: skip
