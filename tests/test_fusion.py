@@ -279,6 +279,21 @@ def test_intermediate_as_graph_output():
     _expect(model, fused=3, anchor_index=1, reason="is a graph output")
 
 
+def test_unnamed_nodes_get_one_report_entry_each():
+    """Exporters may leave nodes unnamed: each candidate still has its own anchor and reason."""
+    model = _model()
+    for node in model.graph:
+        node.name = ""
+    model.graph.outputs.append(_node(model, "Sigmoid", 2).outputs[0])  # block 1's up Sigmoid (g)
+    report = fuse_with_report(model)
+    assert len(report.fused) == 3 and len({block.anchor for block in report.fused}) == 3
+    assert len({block.node for block in report.fused}) == 3
+    [rejected] = report.rejected
+    assert "is a graph output" in rejected.reason
+    assert rejected.anchor == _node(model, _op.BRANCH_NORM, 0).name and rejected.anchor
+    assert rejected.anchor not in {block.anchor for block in report.fused}
+
+
 def test_mismatched_num_branches_premix():
     model = _model()
     _set_attr(_node(model, _op.PRE_MIX, 1), "num_branches", 2)

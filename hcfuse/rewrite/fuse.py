@@ -22,6 +22,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
     from hcfuse.schema import register_schema
 
     register_schema()
+    _name_anchors(model)
     LOG.clear()
     try:
         count = hc_lowrank_mix_ruleset.apply_to_model(model)
@@ -43,6 +44,17 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
         for item in report.rejected:
             print(f"hcfuse: {item.anchor}: {item.reason}", file=sys.stderr)
     return report
+
+
+def _name_anchors(model: ir.Model) -> None:
+    """Unique node names where a candidate's BranchwiseRMSNorm has none or shares one: the report and
+    the fused node's name go by it. (The rewriter names every node after a fusion anyway.)"""
+    names = collections.Counter(
+        node.name for graph in (model.graph, *model.functions.values()) for node in graph
+        if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN
+    )
+    if any(not name or n > 1 for name, n in names.items()):
+        ir.passes.common.NameFixPass()(model)
 
 
 def fuse_hc_lowrank_mix(model: ir.Model, debug: bool = False) -> int:
