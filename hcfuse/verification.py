@@ -21,12 +21,10 @@ outputs must match exactly.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import tempfile
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -39,7 +37,6 @@ DEFAULT_MAX_ULP = {ir.DataType.FLOAT: 512.0, ir.DataType.FLOAT16: 32.0, ir.DataT
 DEFAULT_ROWS = 3
 _MANTISSA_BITS = {ir.DataType.FLOAT: 23, ir.DataType.FLOAT16: 10, ir.DataType.BFLOAT16: 7}
 _MIN_EXPONENT = {ir.DataType.FLOAT: -126, ir.DataType.FLOAT16: -14, ir.DataType.BFLOAT16: -126}
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 _CUDA = "CUDAExecutionProvider"
 _CPU = "CPUExecutionProvider"
 
@@ -166,35 +163,6 @@ def _session(path: str, provider: str, library: str):
     return ort.InferenceSession(path, options, providers=[provider])
 
 
-def _run(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Runs with IO binding so bfloat16 goes in and out as raw bits (ORT's numpy API refuses it)."""
-    import onnxruntime as ort
-
-    binding = session.io_binding()
-    for name, array in feeds.items():
-        if array.dtype == _BF16:
-            value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), onnx.TensorProto.BFLOAT16, "cpu", 0)
-            value.update_inplace(np.ascontiguousarray(array).view(np.uint16))
-        else:
-            value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
-        binding.bind_ortvalue_input(name, value)
-    names = [o.name for o in session.get_outputs()]
-    for name in names:
-        binding.bind_output(name, "cpu")
-    session.run_with_iobinding(binding)
-    results = {}
-    for name, value in zip(names, binding.get_outputs()):
-        if value.element_type() == onnx.TensorProto.BFLOAT16:
-            shape = tuple(value.shape())
-            n = int(np.prod(shape, dtype=np.int64))
-            bits = np.frombuffer((ctypes.c_uint16 * n).from_address(value.data_ptr()), np.uint16) if n else \
-                np.zeros(0, np.uint16)
-            results[name] = bits.copy().view(_BF16).reshape(shape)
-        else:
-            results[name] = value.numpy()
-    return results
-
-
 def _as_path(model, directory: str, name: str) -> str:
     """A path ORT can load: the given path, or the model saved into directory (external data if big)."""
     if isinstance(model, (str, os.PathLike)):
@@ -223,6 +191,7 @@ def verify(
     max_ulp: the bound, one number or per ir.DataType; default DEFAULT_MAX_ULP.
     """
     from hcfuse._library import get_library_path
+    from hcfuse._ort_io import run_bound  # bfloat16 in and out as raw bits (ORT's numpy API refuses it)
 
     provider = _available_providers(providers)[0]
     library = get_library_path()
@@ -237,8 +206,8 @@ def verify(
                        "MatMul/Sigmoid/Div/Mul for the stock chain; verify on CUDA (onnxruntime-gpu)",
             )
         feeds = _random_feeds(reference, dims or {}, rows, np.random.default_rng(seed))
-        expected = _run(_session(orig_path, provider, library), feeds)
-        actual = _run(_session(opt_path, provider, library), feeds)
+        expected = run_bound(_session(orig_path, provider, library), feeds)
+        actual = run_bound(_session(opt_path, provider, library), feeds)
     return _compare(expected, actual, reference, provider, feeds, max_ulp)
 
 
