@@ -6,7 +6,6 @@ never modified (the work happens on a copy whose weights are shared, not read).
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Callable
 
@@ -14,7 +13,6 @@ import onnx
 import onnx_ir as ir
 
 from hcfuse import _op
-from hcfuse.schema import register_schema
 from hcfuse.unfusion import unfuse as _unfuse_in_place
 from hcfuse.verification import VerifyResult, verify
 
@@ -37,9 +35,7 @@ def _on_copy(model, transform: Callable[[ir.Model], object]):
 def _fuse(model: ir.Model, debug: bool):
     from hcfuse.rewrite import fuse_with_report
 
-    register_schema()
-    kwargs = {"debug": debug} if "debug" in inspect.signature(fuse_with_report).parameters else {}
-    report = fuse_with_report(model, **kwargs)
+    report = fuse_with_report(model, debug=debug)  # registers the schema too
     if any(node.op_type == _op.OP_TYPE and node.domain == _op.DOMAIN for node in model.graph):
         model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
     if debug:

@@ -134,12 +134,8 @@ def _summarize_report(report) -> list[str]:
 
 
 def _short(item) -> str:
-    """One line for a rejected candidate: its node and reason, whatever the report's item type."""
-    data = item.to_dict() if hasattr(item, "to_dict") else (item if isinstance(item, dict) else vars(item))
-    node = data.get("node") or data.get("anchor") or data.get("name") or "?"
-    reason = data.get("reason") or data.get("message") or ""
-    rule = data.get("rule")
-    return f"{node}: {reason}" + (f" [{rule}]" if rule else "")
+    """One line for a rejected candidate (a hcfuse.rewrite.Rejection): its node and reason."""
+    return f"{item.anchor or '?'}: {item.reason}" + (f" [{item.rule}]" if item.rule else "")
 
 
 def _optimize(args) -> int:
