@@ -19,6 +19,7 @@ import traceback
 import onnx_ir as ir
 
 from hcfuse import _op, model_io
+from hcfuse.reference import DTYPES_BY_NAME
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_ERROR = 0, 1, 2
 # Models with more weight bytes than this print progress on stderr.
@@ -231,10 +232,9 @@ def _import_models():
 
 def _demo(args) -> int:
     qwen_decode = _import_models()
-    import ml_dtypes
-    import numpy as np
+    from hcfuse.reference import DTYPES_BY_NAME
 
-    dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[args.dtype]
+    dtype = DTYPES_BY_NAME[args.dtype]
     with tempfile.TemporaryDirectory(prefix="hcfuse-demo-") as tmp:
         directory = args.out_dir or tmp
         source = os.path.join(directory, "demo.onnx")
@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("infer-shapes", _infer_shapes_cmd, "symbolic shape inference (ONNX Runtime's, with hcfuse's handler)")
     p = add("demo", _demo, "build a small decode model, fuse it, verify it, print the summary", io=False)
     p.add_argument("--blocks", type=_positive, default=4)
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float16")
+    p.add_argument("--dtype", choices=tuple(DTYPES_BY_NAME), default="float16")
     p.add_argument("-C", type=_positive, default=_op.QWEN_CONFIG["num_branches"], help="branches")
     p.add_argument("-H", type=_positive, default=64, help="features per branch")
     p.add_argument("-R", type=_positive, default=16, help="gate rank")

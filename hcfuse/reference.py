@@ -25,6 +25,8 @@ import numpy as np
 from hcfuse._op import ATTRIBUTES, INPUTS, OP_TYPE
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+# T by name ("float32", "float16", "bfloat16"), e.g. for a --dtype option
+DTYPES_BY_NAME = {dtype.name: dtype for dtype in SUPPORTED_DTYPES}
 _F32 = np.float32
 
 

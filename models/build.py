@@ -9,13 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import ml_dtypes
-import numpy as np
-
 from hcfuse import _op
+from hcfuse.reference import DTYPES_BY_NAME
 from models.qwen_decode import save_decode_model
-
-_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
 def _dims(text: str) -> tuple:
@@ -30,7 +26,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--branches", "-C", type=int, default=q["num_branches"], dest="C")
     p.add_argument("--hidden", "-H", type=int, default=q["hidden"], dest="H")
     p.add_argument("--rank", "-R", type=int, default=q["rank"], dest="R")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16")
+    p.add_argument("--dtype", choices=sorted(DTYPES_BY_NAME), default="bfloat16")
     p.add_argument("--separate", action="store_true", help="separate down/inject MatMuls instead of the packed one")
     p.add_argument("--leading-dims", type=_dims, default=("batch", "seq"), help="comma list, e.g. batch,seq or 1,1")
     p.add_argument("--sublayer", choices=("matmul", "identity"), default="matmul")
@@ -46,7 +42,7 @@ def main(argv=None) -> int:
     q = _op.QWEN_CONFIG
     try:
         save_decode_model(
-            a.output, a.blocks, external_data=a.external_data, C=a.C, H=a.H, R=a.R, dtype=_DTYPES[a.dtype],
+            a.output, a.blocks, external_data=a.external_data, C=a.C, H=a.H, R=a.R, dtype=DTYPES_BY_NAME[a.dtype],
             packed=not a.separate, leading_dims=a.leading_dims, sublayer=a.sublayer, final_mix=a.final_mix,
             num_weight_sets=a.weight_sets, seed=a.seed, gate_div=q["gate_div"], gate_mul=q["gate_mul"],
             epsilon=q["epsilon"], reduction_scale=q["reduction_scale"], silu_alpha=q["silu_alpha"],

@@ -28,20 +28,15 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
 
 from hcfuse import _op
+from hcfuse.reference import SUPPORTED_DTYPES
 
 OPSET = 21
 IR_VERSION = 10
-_DTYPES = {
-    np.dtype(np.float32): ir.DataType.FLOAT,
-    np.dtype(np.float16): ir.DataType.FLOAT16,
-    np.dtype(ml_dtypes.bfloat16): ir.DataType.BFLOAT16,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +68,7 @@ class DecodeConfig:
     def __post_init__(self):
         if self.num_blocks < 1:
             raise ValueError(f"make_decode_model: num_blocks must be >= 1; got {self.num_blocks}")
-        if np.dtype(self.dtype) not in _DTYPES:
+        if np.dtype(self.dtype) not in SUPPORTED_DTYPES:
             raise ValueError(f"make_decode_model: dtype must be float32, float16 or bfloat16; got {self.dtype}")
         if self.sublayer not in ("matmul", "identity"):
             raise ValueError(f"make_decode_model: sublayer must be 'matmul' or 'identity'; got {self.sublayer!r}")
@@ -84,7 +79,7 @@ class DecodeConfig:
 
     @property
     def ir_dtype(self) -> ir.DataType:
-        return _DTYPES[np.dtype(self.dtype)]
+        return ir.DataType.from_numpy(np.dtype(self.dtype))
 
 
 def _const_literal(value: float) -> str:

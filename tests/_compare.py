@@ -13,7 +13,7 @@ import numpy as np
 from hcfuse._ort_io import BFLOAT16, from_ort_value, run_bound, to_ort_value  # noqa: F401
 
 _INT_OF = {np.dtype(np.float32): np.int32, np.dtype(np.float16): np.int16, BFLOAT16: np.int16}
-_UINT_OF = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16, BFLOAT16: np.uint16}
+UINT_OF = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16, BFLOAT16: np.uint16}
 _SHOW = 8  # mismatching cells listed in a message
 
 
@@ -45,7 +45,7 @@ def assert_bitwise_equal(actual: np.ndarray, expected: np.ndarray, what: str = "
     """Same bits everywhere (NaNs included): for promises about our own outputs."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     _check_same_kind(actual, expected, what)
-    u = _UINT_OF[actual.dtype]
+    u = UINT_OF[actual.dtype]
     mask = actual.view(u) != expected.view(u)
     assert not mask.any(), _mismatch_report(actual, expected, mask, None, what)
 

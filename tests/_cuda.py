@@ -11,10 +11,9 @@ from onnx import helper, numpy_helper
 
 from hcfuse._op import DOMAIN, INPUTS, OP_TYPE, OUTPUTS
 from models.hc_block import IR_VERSION, OPSET, WEIGHT_NAMES
-from tests._compare import BFLOAT16
+from tests._compare import UINT_OF
 
 CUDA = "CUDAExecutionProvider"
-_UINT = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16, BFLOAT16: np.uint16}
 
 
 def compute_capability() -> tuple[int, int]:
@@ -56,7 +55,7 @@ def device_to_host(value: ort.OrtValue, dtype) -> np.ndarray:
     tensor. libcudart is the one onnxruntime-gpu's CUDA provider has already loaded."""
     dtype = np.dtype(dtype)
     shape = tuple(value.shape())
-    host = np.empty(shape, dtype=_UINT[dtype])
+    host = np.empty(shape, dtype=UINT_OF[dtype])
     if host.size == 0:
         return host.view(dtype)
     for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
@@ -102,7 +101,7 @@ def spacing(x: np.ndarray, dtype) -> np.ndarray:
     """The gap above |x| in dtype (one ulp there), as fp32."""
     dtype = np.dtype(dtype)
     a = np.abs(np.asarray(x, dtype=np.float32)).astype(dtype)
-    above = (a.view(_UINT[dtype]) + 1).view(dtype)
+    above = (a.view(UINT_OF[dtype]) + 1).view(dtype)
     return above.astype(np.float32) - a.astype(np.float32)
 
 

@@ -31,7 +31,7 @@ from onnxscript.rewriter._rewrite_rule import RewriteRule, RewriteRuleClassBase,
 from hcfuse import _op
 from hcfuse.rewrite._local_matcher import LocalMatcher
 
-_TYPES = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+_TYPES = {ir.DataType(t) for t in _op.ELEMENT_TYPES}
 
 
 @dataclasses.dataclass(frozen=True)
