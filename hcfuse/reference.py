@@ -22,7 +22,7 @@ import inspect
 import ml_dtypes
 import numpy as np
 
-from hcfuse._op import ATTRIBUTES, INPUTS, OP_TYPE
+from hcfuse._op import ATTRIBUTES, INPUTS, NUM_REQUIRED_INPUTS, OP_TYPE
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 # T by name ("float32", "float16", "bfloat16"), e.g. for a --dtype option
@@ -86,6 +86,9 @@ def _check_shapes(streams, norm_scale, down_weight, up_weight, inject_weight, pr
     """Validates shapes and dtypes like the kernels do; returns (H, R)."""
     op = OP_TYPE
     given = dict(zip(INPUTS, (streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate)))
+    missing = [name for name in INPUTS[:NUM_REQUIRED_INPUTS] if given[name] is None]
+    if missing:
+        raise ValueError(f"{op}: required input(s) {', '.join(missing)} missing (got None)")
     dtype = streams.dtype
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{op}: streams must be float32, float16 or bfloat16; got {dtype}")

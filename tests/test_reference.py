@@ -334,6 +334,8 @@ def test_reference_rows_independent(rng):
     ({"streams": np.ones((4, 9), np.float32)}, r"the last dim of streams \(C\*H = 9\) must be a positive multiple of num_branches = 2"),
     ({"streams": np.float32(1.0)}, r"streams must have rank >= 1"),
     ({"prev_block_output": np.ones((4, 5), np.float32)}, r"got only prev_block_output"),
+    ({"norm_scale": None}, r"required input\(s\) norm_scale missing"),
+    ({"streams": None}, r"required input\(s\) streams missing"),
     ({"prev_block_output": np.ones((4, 5), np.float32), "prev_post_gate": np.ones((1, 2), np.float32)},
      r"prev_post_gate must be \(\.\.\., C\) = \(4, 2\); got \(1, 2\)"),
     ({"prev_block_output": np.ones((4, 6), np.float32), "prev_post_gate": np.ones((4, 2), np.float32)},
