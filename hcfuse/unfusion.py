@@ -68,8 +68,8 @@ def _used(value: ir.Value | None) -> bool:
     return value is not None and (bool(value.uses()) or value.is_graph_output())
 
 
-def _expand(node: ir.Node, constants: _Constants, index: int) -> None:
-    """Replaces one fused node, in place, by its stock chain."""
+def _expand(node: ir.Node, constants: _Constants, base: str) -> None:
+    """Replaces one fused node, in place, by its stock chain: nodes `base/<step>`, values `base/<step>_out`."""
     graph = node.graph
     attrs = _attributes(node)
     dtype = _element_type(node)
@@ -85,7 +85,6 @@ def _expand(node: ir.Node, constants: _Constants, index: int) -> None:
             f"{_op.OP_TYPE} node {node.name!r}: prev_block_output and prev_post_gate come as a pair; "
             f"got only {'prev_block_output' if prev_gate is None else 'prev_post_gate'}"
         )
-    base = node.name or f"{_op.OP_TYPE}_{index}"
     c = int(attrs["num_branches"])
     tape = ir.tape.Tape()
 
@@ -133,8 +132,13 @@ def unfuse(model: ir.Model) -> int:
     for graph in model.graphs():
         constants = _Constants(graph)
         fused = [n for n in graph if n.op_type == _op.OP_TYPE and n.domain == _op.DOMAIN]
+        bases: set[str] = set()
         for node in fused:
-            _expand(node, constants, count)
+            base = node.name or f"{_op.OP_TYPE}_{count}"
+            while base in bases:  # fused nodes sharing a name: their chains' names must still be unique
+                base += "_"
+            bases.add(base)
+            _expand(node, constants, base)
             count += 1
     if count:
         model.opset_imports.setdefault("", _DEFAULT_OPSET)

@@ -113,6 +113,19 @@ def test_input_untouched_and_kind_kept(rng):
     assert ir.to_proto(ir_model).SerializeToString() == ir_before
 
 
+def test_fused_nodes_sharing_a_name_expand_to_distinct_names():
+    """Node names need not be unique; the expanded chains' node and value names must be (SSA)."""
+    model = hcfuse.optimize(make_decode_model(3, C=C, H=H, R=R))
+    for node in model.graph.node:
+        if node.op_type == _op.OP_TYPE:
+            node.name = "hc"
+    unfused = hcfuse.unfuse(model)
+    onnx.checker.check_model(unfused, full_check=True)
+    names = [n.name for n in unfused.graph.node]
+    assert len(names) == len(set(names))
+    ort.InferenceSession(unfused.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
 def test_no_fused_nodes_is_a_no_op():
     model = ir.from_proto(make_decode_model(2, C=C, H=H, R=R))
     before = op_types(model)
