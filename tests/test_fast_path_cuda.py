@@ -15,18 +15,16 @@ last bits and flip a rounding to T of down or inject; g then moves by an ulp.
 
 from __future__ import annotations
 
-import subprocess
-
 import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import helper
 
-from hcfuse._op import DOMAIN, OP_TYPE, QWEN_CONFIG
+from hcfuse._op import QWEN_CONFIG
 from hcfuse.reference import hc_lowrank_mix_steps
-from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights
+from models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import assert_bitwise_equal, assert_ulp_close, run_bound, to_ort_value
+from tests._cuda import compute_capability, cuda_session, device_to_host, fused_chain_model
 
 pytestmark = pytest.mark.cuda
 
@@ -36,19 +34,9 @@ ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha",
 ULP_BOUND = 2
 
 
-def _compute_capability() -> tuple[int, int]:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.split()
-        major, minor = out[0].split(".")
-        return int(major), int(minor)
-    except (OSError, IndexError, ValueError, subprocess.SubprocessError):
-        return (0, 0)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def needs_sm80():
-    if "CUDAExecutionProvider" in ort.get_available_providers() and _compute_capability() < (8, 0):
+    if "CUDAExecutionProvider" in ort.get_available_providers() and compute_capability() < (8, 0):
         pytest.skip("the fast path needs compute capability 8.0+ (fp16/bf16 kernels, cp.async)")
 
 
@@ -57,14 +45,7 @@ def fast_session(hcfuse_lib, monkeypatch):
     """fast_session(model, force="fast", **cuda_options): the path pinned (read at kernel creation)."""
 
     def make(model, force: str = "fast", **cuda_options):
-        monkeypatch.setenv("HCFUSE_FORCE_PATH", force)
-        so = ort.SessionOptions()
-        so.register_custom_ops_library(hcfuse_lib)
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(model.SerializeToString(), so,
-                                       providers=[("CUDAExecutionProvider", cuda_options)])
-        monkeypatch.delenv("HCFUSE_FORCE_PATH")
-        return session
+        return cuda_session(model, hcfuse_lib, force, monkeypatch, **cuda_options)
 
     return make
 
@@ -168,32 +149,13 @@ def test_fast_agrees_with_general(fast_session, rng, rows):
                              f"fast vs general rows={rows} pre_output", bound=2 * ULP_BOUND, min_exact=0.9)
 
 
-def _chain_model(num_blocks, C, H, R, dtype, weights):
-    """num_blocks fused nodes: streams <- streams_out, prev_block_output <- pre_output, prev_post_gate <- post_gate."""
-    from onnx import numpy_helper
-
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    names = ("norm_scale", "down_weight", "up_weight", "inject_weight")
-    inits = [numpy_helper.from_array(weights[n], n) for n in names]
-    nodes, prev = [], None
-    for k in range(num_blocks):
-        ins = ["streams", *names] if prev is None else [prev[2], *names, prev[0], prev[1]]
-        prev = [f"pre_{k}", f"gate_{k}", f"streams_{k}"]
-        nodes.append(helper.make_node(OP_TYPE, ins, prev, domain=DOMAIN, name=f"block_{k}", num_branches=C, **ATTRS))
-    outs = [helper.make_tensor_value_info(n, elem, ["rows", d]) for n, d in zip(prev, (H, C, C * H))]
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("streams", elem, ["rows", C * H])],
-                              outs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=IR_VERSION)
-
-
 @pytest.mark.parametrize("rows", [1, 3])
 def test_chain_under_cuda_graph(fast_session, rng, rows):
     """Four chained blocks (PDL between their kernels): CUDA graph replay == eager, bit for bit, and the
     chain stays within the bound of the reference applied block by block."""
     C, H, R = QWEN["C"], QWEN["H"], QWEN["R"]
     weights = random_weights(C, H, R, BF16, rng)
-    model = _chain_model(4, C, H, R, BF16, weights)
+    model = fused_chain_model([weights], 4, C=C, H=H, dtype=BF16, **ATTRS)
     streams = rng.standard_normal((rows, C * H)).astype(BF16)
     eager = run_bound(fast_session(model), {"streams": streams}, device="cuda")
 
@@ -207,7 +169,7 @@ def test_chain_under_cuda_graph(fast_session, rng, rows):
     for _ in range(3):  # capture, then two replays
         graphed.run_with_iobinding(binding)
     for name, value in zip(names, outs):
-        assert_bitwise_equal(_device_to_host(value), eager[name], f"graph replay vs eager {name}")
+        assert_bitwise_equal(device_to_host(value, BF16), eager[name], f"graph replay vs eager {name}")
 
     feeds = {"streams": streams}
     for _ in range(4):
@@ -216,17 +178,3 @@ def test_chain_under_cuda_graph(fast_session, rng, rows):
                  "prev_post_gate": ref["post_gate"]}
     _assert_pre_output_close(eager[names[0]], ref["pre_output"], ref["pre_scale"], "4-block chain pre_output",
                              bound=8 * ULP_BOUND, min_exact=0.5)
-
-
-def _device_to_host(value: ort.OrtValue) -> np.ndarray:
-    """A bf16 CUDA OrtValue copied to the host with cudaMemcpy (ORT's Python API reads no bf16 device tensor);
-    libcudart is the one onnxruntime-gpu's CUDA provider already loaded."""
-    import ctypes
-
-    shape = tuple(value.shape())
-    host = np.empty(shape, dtype=np.uint16)
-    cudart = ctypes.CDLL("libcudart.so.13")
-    err = cudart.cudaMemcpy(ctypes.c_void_p(host.ctypes.data), ctypes.c_void_p(value.data_ptr()),
-                            ctypes.c_size_t(host.nbytes), 2)  # cudaMemcpyDeviceToHost
-    assert err == 0, f"cudaMemcpy of a {shape} bf16 output failed with CUDA error {err}"
-    return host.view(BF16)
