@@ -517,14 +517,19 @@ cudaError_t LaunchStages(const HcFastArgs<T>& args, const FastDims& d, float* pa
                 stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
 }
 
+// The row chunk RC of a call with `rows` rows (DispatchRows' template argument).
+int RowChunk(int64_t rows) { return rows == 1 ? 1 : rows == 2 ? 2 : rows <= 4 ? 4 : kMaxRowChunk; }
+
 template <typename T, int CL>
 cudaError_t DispatchRows(const HcFastArgs<T>& args, const FastDims& d, float* partials, T* hn, cudaStream_t stream,
                          bool weights_are_constant, bool use_pdl) {
   static_assert(kMaxRowChunk == 8, "the row-chunk dispatch below covers 1, 2, 4, 8");
-  if (d.rows == 1) return LaunchStages<T, 1, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-  if (d.rows == 2) return LaunchStages<T, 2, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-  if (d.rows <= 4) return LaunchStages<T, 4, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-  return LaunchStages<T, 8, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+  switch (RowChunk(d.rows)) {
+    case 1: return LaunchStages<T, 1, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+    case 2: return LaunchStages<T, 2, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+    case 4: return LaunchStages<T, 4, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+    default: return LaunchStages<T, 8, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+  }
 }
 
 }  // namespace
@@ -532,6 +537,13 @@ cudaError_t DispatchRows(const HcFastArgs<T>& args, const FastDims& d, float* pa
 size_t HcFastScratchBytes(const HcLowRankMixParams& params) {
   if (params.rows == 0) return 0;
   return PartialBytes(params) + Align256(static_cast<size_t>(params.rows) * params.width() * 2);
+}
+
+size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major) {
+  if (params.rows == 0 || !IsHcFastPathSupported(params, sm_major, 0, 2)) return 0;
+  const FastDims d = MakeDims(params, static_cast<int>(HcFastClusterSize(sm_major)));
+  const int rc = RowChunk(params.rows);
+  return std::max(Stage1SmemBytes(d, rc), Stage2SmemBytes(d, rc));
 }
 
 template <typename T>
@@ -551,11 +563,11 @@ cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& pa
                               args.streams_out, scratch})) {
     return cudaErrorInvalidValue;
   }
-  const int cluster = sm_major >= 9 ? static_cast<int>(kHcFastClusterSize) : 1;
+  const int cluster = static_cast<int>(HcFastClusterSize(sm_major));
   const FastDims d = MakeDims(params, cluster);
   float* partials = static_cast<float*>(scratch);
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + PartialBytes(params));
-  use_pdl = use_pdl && sm_major >= 9;
+  use_pdl = use_pdl && HcFastUsesSm90Features(sm_major);
   if (cluster > 1) return DispatchRows<T, kHcFastClusterSize>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
   return DispatchRows<T, 1>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
 }

@@ -24,10 +24,16 @@ using HcFastArgs = cuda::HcDeviceTensors<T>;
 // The glue allocates it through ORT's allocator and passes it to LaunchHcFast.
 size_t HcFastScratchBytes(const HcLowRankMixParams& params);
 
+// Bytes of dynamic shared memory per block the larger of the two kernels takes for this call on a
+// device of compute capability sm_major (it grows with the row chunk); 0 for a call the fast path does
+// not support. The glue compares it with the device's cudaDevAttrMaxSharedMemoryPerBlockOptin (99 KB on
+// sm_86 and sm_89, where the real shape needs more from 5 rows on).
+size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major);
+
 // Enqueues the two kernels on `stream` (no host synchronization; CUDA-graph capturable).
 // weights_are_constant: norm_scale / down / up / inject are constant initializers, so the kernels may
 //   read them before waiting on the producer of the activations (only meaningful with use_pdl).
-// use_pdl: launch with programmatic stream serialization (pass true only on sm_90+).
+// use_pdl: launch with programmatic stream serialization (ignored unless HcFastUsesSm90Features).
 // Requires IsHcFastPathSupported(params, ...) and 16-byte aligned pointers (HcFastPointersAligned);
 // returns cudaErrorInvalidValue otherwise, or the first CUDA error of the launches.
 template <typename T>

@@ -10,10 +10,17 @@
 namespace hcfuse {
 
 // Tiling limits of hc_fast_path.cu (see the static asserts and the tile choice there).
-inline constexpr int64_t kHcFastClusterSize = 8;         // CTAs per thread-block cluster on sm_90
+inline constexpr int64_t kHcFastClusterSize = 8;         // CTAs per thread-block cluster on sm_90 (HcFastClusterSize)
 inline constexpr int64_t kHcFastMaxTileBytes = 64 * 1024;  // weight tile per CTA in shared memory
 // Row counts up to which the fast path beats the general path on the H200 (bench/bench_decode.py).
 inline constexpr int64_t kHcFastMaxAutoRows = 32;
+
+// Thread-block clusters and programmatic dependent launch need the kernels' sm_90 code. The build
+// carries sm_80 and sm_90a code plus compute_80 PTX, so any other compute capability runs sm_80 code
+// (sm_100 and later JIT-compile the compute_80 PTX, where the cluster step traps and the PDL wait is
+// compiled out) and must take the sm_80 configuration: no clusters, no PDL.
+inline bool HcFastUsesSm90Features(int sm_major) { return sm_major == 9; }
+inline int64_t HcFastClusterSize(int sm_major) { return HcFastUsesSm90Features(sm_major) ? kHcFastClusterSize : 1; }
 
 // Stage 1 CTAs per branch (K slices of one branch) and stage 2 CTAs; 0 when the shape has no tiling.
 inline int64_t HcFastStage1CtasPerBranch(const HcLowRankMixParams& p, int64_t cluster) {
@@ -41,7 +48,7 @@ inline int64_t HcFastStage2Ctas(const HcLowRankMixParams& p, int64_t cluster) {
 inline bool IsHcFastPathSupported(const HcLowRankMixParams& p, int sm_major, int /*sm_minor*/, int element_bytes) {
   if (element_bytes != 2 || sm_major < 8) return false;
   if (p.C % 4 != 0 || p.C > 8 || p.R % 8 != 0 || p.R > 1024 || p.H % 4 != 0) return false;
-  const int64_t cluster = sm_major >= 9 ? kHcFastClusterSize : 1;
+  const int64_t cluster = HcFastClusterSize(sm_major);
   return HcFastStage1CtasPerBranch(p, cluster) > 0 && HcFastStage2Ctas(p, cluster) > 0;
 }
 

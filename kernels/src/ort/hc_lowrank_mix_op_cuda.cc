@@ -96,14 +96,18 @@ using Scratch = std::unique_ptr<void, std::function<void(void*)>>;
 Scratch AllocateScratch(OrtKernelContext* ctx, int device, size_t bytes) {
   if (bytes == 0) return Scratch(nullptr, [](void*) {});
   const Ort::MemoryInfo info("Cuda", OrtDeviceAllocator, device, OrtMemTypeDefault);
-  OrtAllocator* allocator = Ort::KernelContext(ctx).GetAllocator(*static_cast<const OrtMemoryInfo*>(info));
-  void* p = allocator->Alloc(allocator, bytes);
+  // KernelContext_GetAllocator hands out a new wrapper object on every call, which the caller
+  // releases (ReleaseAllocator): here once the scratch has gone back to it.
+  const std::shared_ptr<OrtAllocator> allocator(
+      Ort::KernelContext(ctx).GetAllocator(*static_cast<const OrtMemoryInfo*>(info)),
+      [](OrtAllocator* a) { Ort::GetApi().ReleaseAllocator(a); });
+  void* p = allocator->Alloc(allocator.get(), bytes);
   if (p == nullptr) {
     throw Ort::Exception(std::string(kOpName) + " (CUDA): ORT's allocator returned no memory for " +
                              std::to_string(bytes) + " bytes of scratch",
                          ORT_RUNTIME_EXCEPTION);
   }
-  return Scratch(p, [allocator](void* q) { allocator->Free(allocator, q); });
+  return Scratch(p, [allocator](void* q) { allocator->Free(allocator.get(), q); });
 }
 
 template <typename T>
@@ -121,6 +125,8 @@ class HcLowRankMixCudaKernel {
                       "cudaDeviceGetAttribute(compute capability major)");
     ThrowIfCudaFailed(cudaDeviceGetAttribute(&sm_minor_, cudaDevAttrComputeCapabilityMinor, device_),
                       "cudaDeviceGetAttribute(compute capability minor)");
+    ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
+                      "cudaDeviceGetAttribute(max shared memory per block, opt-in)");
   }
 
   Ort::Status Compute(OrtKernelContext* ctx, HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight,
@@ -170,6 +176,11 @@ class HcLowRankMixCudaKernel {
                                 t.prev_block_output, t.prev_post_gate, t.pre_output, t.post_gate, t.streams_out})) {
       return (*why = "a tensor is not 16-byte aligned"), false;
     }
+    if (const size_t smem = HcFastSharedMemoryBytes(p, sm_major_); smem > static_cast<size_t>(max_smem_)) {
+      return (*why = "it needs " + std::to_string(smem) + " bytes of shared memory per block for " +
+                     std::to_string(p.rows) + " rows; the device allows " + std::to_string(max_smem_)),
+             false;
+    }
     if (forced_ == PathChoice::kFast) return (*why = "HCFUSE_FORCE_PATH=fast"), true;
     if (!IsHcFastPathEligible(p, sm_major_, sm_minor_, static_cast<int>(sizeof(CT)))) {
       return (*why = "more than " + std::to_string(kHcFastMaxAutoRows) + " rows"), false;
@@ -190,9 +201,9 @@ class HcLowRankMixCudaKernel {
     if constexpr (kHasFastPath) {
       const size_t bytes = HcFastScratchBytes(p);
       Scratch scratch = AllocateScratch(ctx, device_, bytes);
-      const bool use_pdl = sm_major_ >= 9;
+      const bool use_pdl = HcFastUsesSm90Features(sm_major_);
       if (debug_) {
-        const int64_t cluster = sm_major_ >= 9 ? kHcFastClusterSize : 1;
+        const int64_t cluster = HcFastClusterSize(sm_major_);
         std::fprintf(stderr, "hcfuse: %s fast path grids: stage 1 %lld CTAs, stage 2 %lld CTAs, PDL %s, weights %s\n",
                      kOpName, static_cast<long long>(p.C * HcFastStage1CtasPerBranch(p, cluster)),
                      static_cast<long long>(HcFastStage2Ctas(p, cluster)), use_pdl ? "on" : "off",
@@ -212,7 +223,7 @@ class HcLowRankMixCudaKernel {
   const PathChoice forced_;
   const bool debug_;
   bool weights_constant_ = false;
-  int device_ = 0, sm_major_ = 0, sm_minor_ = 0;
+  int device_ = 0, sm_major_ = 0, sm_minor_ = 0, max_smem_ = 0;
   cuda::HcLtGemm gemm_;  // one cuBLASLt handle and pinned plans per kernel instance
 };
 
