@@ -185,6 +185,15 @@ def test_float_attribute_given_as_int(make_session):
     _expect_ort_error(lambda: make_session(model), "attribute gate_mul must be a float; got the int 2")
 
 
+def test_int_attribute_given_as_float(make_session):
+    model = _untyped_model()
+    attrs = model.graph.node[0].attribute
+    keep = [a for a in attrs if a.name != "num_branches"]
+    del attrs[:]
+    attrs.extend(keep + [helper.make_attribute("num_branches", float(C))])
+    _expect_ort_error(lambda: make_session(model), "attribute num_branches must be an int; got the float 2")
+
+
 def test_mixed_element_types_rejected_by_ort(make_session, rng):
     """T binds every input: ORT itself refuses a float16 weight next to float32 streams."""
     sess = make_session(_untyped_model())

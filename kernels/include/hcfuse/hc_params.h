@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hcfuse {
@@ -90,10 +91,14 @@ inline std::string ResolveHcLowRankMixParams(const HcLowRankMixShapes& s, const 
     return op + ": prev_block_output and prev_post_gate must be given together or not at all; got only " +
            (s.prev_block_output.present ? "prev_block_output" : "prev_post_gate");
   }
-  for (const HcTensorShape* t : {&s.streams, &s.norm_scale, &s.down_weight, &s.up_weight, &s.inject_weight,
-                                 &s.prev_block_output, &s.prev_post_gate}) {
+  const std::pair<const char*, const HcTensorShape*> named[] = {
+      {"streams", &s.streams},         {"norm_scale", &s.norm_scale},
+      {"down_weight", &s.down_weight}, {"up_weight", &s.up_weight},
+      {"inject_weight", &s.inject_weight}, {"prev_block_output", &s.prev_block_output},
+      {"prev_post_gate", &s.prev_post_gate}};
+  for (const auto& [name, t] : named) {
     for (int64_t d : t->dims) {
-      if (d < 0) return op + ": negative dimension in input shape " + DimsToString(t->dims);
+      if (d < 0) return op + ": " + name + " must have non-negative dimensions; got " + DimsToString(t->dims);
     }
   }
   const auto& st = s.streams.dims;

@@ -2,6 +2,7 @@
 // options register this library. It adds com.microsoft::HyperConnectionLowRankMix for every
 // provider built in. The ORT API comes from the pointer ORT passes (ORT_API_MANUAL_INIT: no link
 // against libonnxruntime), and no exception crosses this C boundary.
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,7 +30,18 @@ void KeepDomainAlive(Ort::CustomOpDomain&& domain) {
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
-  if (api == nullptr) return nullptr;  // an ORT older than our headers: nothing we can report through
+  if (api == nullptr) {
+    // An ORT older than our headers. CreateStatus is the first entry of every version of OrtApi, so
+    // version 1 can still say why instead of registering nothing in silence.
+    const OrtApi* v1 = api_base->GetApi(1);
+    if (v1 == nullptr) return nullptr;
+    char message[256];
+    std::snprintf(message, sizeof message,
+                  "hcfuse RegisterCustomOps: this library needs ONNX Runtime C API version %d or newer; the loaded "
+                  "ONNX Runtime is %s",
+                  ORT_API_VERSION, api_base->GetVersionString());
+    return v1->CreateStatus(ORT_FAIL, message);
+  }
   Ort::InitApi(api);
   try {
     Ort::CustomOpDomain domain{kDomain};

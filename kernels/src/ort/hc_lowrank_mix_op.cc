@@ -2,6 +2,9 @@
 // pointers to the CPU math (cpu/hc_lowrank_mix_cpu.h), parallel over row tiles on ORT's thread pool.
 #include "ort/hc_lowrank_mix_op.h"
 
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <type_traits>
 
 #include "cpu/hc_lowrank_mix_cpu.h"
@@ -15,15 +18,31 @@ using CpuType = std::conditional_t<std::is_same_v<T, Ort::Float16_t>, Half,
                                    std::conditional_t<std::is_same_v<T, Ort::BFloat16_t>, BFloat16, float>>;
 static_assert(sizeof(Ort::Float16_t) == sizeof(Half) && sizeof(Ort::BFloat16_t) == sizeof(BFloat16));
 
-// Runs the tasks on the session's intra-op thread pool; serially when it cannot.
+// Runs the tasks on the session's intra-op thread pool; serially when it cannot. No exception
+// leaves a task into ORT's pool (a worker thread has nothing to catch it): the first one is kept
+// and rethrown here, on the calling thread, once every task has finished.
 HcTaskRunner OrtTaskRunner(OrtKernelContext* ctx) {
   return [ctx](int64_t num_tasks, const std::function<void(int64_t)>& fn) {
     if (num_tasks > 1) {
+      struct Job {
+        const std::function<void(int64_t)>* fn;
+        std::mutex mu;
+        std::exception_ptr error;
+      } job{&fn, {}, nullptr};
       auto trampoline = [](void* data, size_t task) {
-        (*static_cast<const std::function<void(int64_t)>*>(data))(static_cast<int64_t>(task));
+        Job* j = static_cast<Job*>(data);
+        try {
+          (*j->fn)(static_cast<int64_t>(task));
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(j->mu);
+          if (!j->error) j->error = std::current_exception();
+        }
       };
-      void* data = const_cast<std::function<void(int64_t)>*>(&fn);
-      OrtStatus* st = Ort::GetApi().KernelContext_ParallelFor(ctx, trampoline, static_cast<size_t>(num_tasks), 0, data);
+      OrtStatus* st = Ort::GetApi().KernelContext_ParallelFor(ctx, trampoline, static_cast<size_t>(num_tasks), 0, &job);
+      if (job.error) {
+        if (st != nullptr) Ort::GetApi().ReleaseStatus(st);
+        std::rethrow_exception(job.error);
+      }
       if (st == nullptr) return;
       Ort::GetApi().ReleaseStatus(st);  // no thread pool offered: fall through (no task has run then)
     }
@@ -32,28 +51,19 @@ HcTaskRunner OrtTaskRunner(OrtKernelContext* ctx) {
 }
 
 template <typename T>
-struct HcLowRankMixCpuKernel {
-  HcLowRankMixCpuKernel(const OrtApi* api, const OrtKernelInfo* info) {
-    Ort::ThrowOnError(ReadHcLowRankMixAttrs(*api, info, &attrs_));
-  }
+struct CpuProvider {
+  using Args = HcLowRankMixCpuArgs<CpuType<T>>;
 
-  Ort::Status Compute(OrtKernelContext* ctx, HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight,
-                      HcInput<T> up_weight, HcInput<T> inject_weight, HcOptionalInput<T> prev_block_output,
-                      HcOptionalInput<T> prev_post_gate, HcOutput<T> /*pre_output*/, HcOutput<T> /*post_gate*/,
-                      HcOptionalOutput<T> streams_out) {
-    HcLowRankMixParams params;
-    HcOutputPtrs<T> out;
-    Ort::Status st = PrepareHcLowRankMix<T>(ctx, attrs_, streams, norm_scale, down_weight, up_weight, inject_weight,
-                                            prev_block_output, prev_post_gate, streams_out.has_value(), &params, &out);
-    if (!st.IsOK() || params.rows == 0) return st;
-    const auto args = HcPointers<HcLowRankMixCpuArgs<CpuType<T>>>(
-        streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, params, out);
+  CpuProvider(const OrtApi& /*api*/, const OrtKernelInfo* /*info*/) {}
+
+  Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& args) {
     HcLowRankMixCpu(params, args, OrtTaskRunner(ctx));
     return Ort::Status{nullptr};
   }
-
-  HcLowRankMixAttrs attrs_;
 };
+
+template <typename T>
+using HcLowRankMixCpuKernel = HcLowRankMixKernel<T, CpuProvider<T>>;
 
 }  // namespace
 

@@ -2,12 +2,9 @@
 // shapes, statuses, output allocation and exception-safe registration. The glue never computes;
 // the math (kernels/src/cpu, kernels/src/cuda) never sees an ORT type.
 //
-// A provider's kernel is a struct templated on T (float, Ort::Float16_t, Ort::BFloat16_t):
-//   Kernel(const OrtApi* api, const OrtKernelInfo* info);   // reads attributes, may throw
-//   Ort::Status Compute(OrtKernelContext* ctx, const Tensor<T>& streams, ... 5 required inputs,
-//                       HcOptionalInput<T> prev_block_output, HcOptionalInput<T> prev_post_gate,
-//                       Tensor<T>& pre_output, Tensor<T>& post_gate, HcOptionalOutput<T> streams_out);
-// and is registered with AddHcLowRankMixOp<Kernel>(domain, provider).
+// A provider's kernel is HcLowRankMixKernel<T, Provider> (T: float, Ort::Float16_t, Ort::BFloat16_t):
+// one Compute for every provider (validation, outputs, zero rows), the provider's math behind
+// Provider::Run. It is registered with AddHcLowRankMixOp<Kernel>(domain, provider).
 #pragma once
 
 #include <onnxruntime_lite_custom_op.h>
@@ -66,7 +63,12 @@ inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* 
   int64_t num_branches = 0;
   if (OrtStatus* st = api.KernelInfoGetAttribute_int64(info, "num_branches", &num_branches)) {
     api.ReleaseStatus(st);
-    return error("attribute num_branches (int, the number of streams C) is required and was not found");
+    float as_float = 0.0f;
+    if (OrtStatus* st2 = api.KernelInfoGetAttribute_float(info, "num_branches", &as_float)) {
+      api.ReleaseStatus(st2);  // not there at all
+      return error("attribute num_branches (int, the number of streams C) is required and was not found");
+    }
+    return error("attribute num_branches must be an int; got the float " + std::to_string(as_float));
   }
   attrs->num_branches = num_branches;
   const std::pair<const char*, float*> floats[] = {
@@ -92,30 +94,39 @@ inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* 
   return nullptr;
 }
 
+// The seven inputs of one call, as the lite API hands them to Compute; an absent optional input is null.
 template <typename T>
-HcTensorShape ShapeOf(const Ort::Custom::Tensor<T>& t) {
-  return HcTensorShape{true, t.Shape()};
-}
+struct HcInputs {
+  const Ort::Custom::Tensor<T>* streams = nullptr;
+  const Ort::Custom::Tensor<T>* norm_scale = nullptr;
+  const Ort::Custom::Tensor<T>* down_weight = nullptr;
+  const Ort::Custom::Tensor<T>* up_weight = nullptr;
+  const Ort::Custom::Tensor<T>* inject_weight = nullptr;
+  const Ort::Custom::Tensor<T>* prev_block_output = nullptr;
+  const Ort::Custom::Tensor<T>* prev_post_gate = nullptr;
+};
 
-template <typename T>
-HcTensorShape ShapeOf(const HcOptionalInput<T>& t) {
-  return t.has_value() && *t ? HcTensorShape{true, (*t)->Shape()} : HcTensorShape{};
+// Sets the seven input fields of `out` to f(tensor) (null for an absent optional input). The structs
+// that describe one call (HcLowRankMixShapes, the CPU's HcLowRankMixCpuArgs, CUDA's HcDeviceTensors)
+// share these field names.
+template <typename Out, typename T, typename F>
+void MapHcInputs(const HcInputs<T>& in, Out* out, F f) {
+  out->streams = f(in.streams);
+  out->norm_scale = f(in.norm_scale);
+  out->down_weight = f(in.down_weight);
+  out->up_weight = f(in.up_weight);
+  out->inject_weight = f(in.inject_weight);
+  out->prev_block_output = f(in.prev_block_output);
+  out->prev_post_gate = f(in.prev_post_gate);
 }
 
 // Input shapes as ResolveHcLowRankMixParams wants them.
 template <typename T>
-HcLowRankMixShapes CollectHcLowRankMixShapes(HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight,
-                                             HcInput<T> up_weight, HcInput<T> inject_weight,
-                                             const HcOptionalInput<T>& prev_block_output,
-                                             const HcOptionalInput<T>& prev_post_gate, bool has_streams_out) {
+HcLowRankMixShapes CollectHcLowRankMixShapes(const HcInputs<T>& in, bool has_streams_out) {
   HcLowRankMixShapes s;
-  s.streams = ShapeOf(streams);
-  s.norm_scale = ShapeOf(norm_scale);
-  s.down_weight = ShapeOf(down_weight);
-  s.up_weight = ShapeOf(up_weight);
-  s.inject_weight = ShapeOf(inject_weight);
-  s.prev_block_output = ShapeOf<T>(prev_block_output);
-  s.prev_post_gate = ShapeOf<T>(prev_post_gate);
+  MapHcInputs(in, &s, [](const Ort::Custom::Tensor<T>* t) {
+    return t != nullptr ? HcTensorShape{true, t->Shape()} : HcTensorShape{};
+  });
   s.has_streams_out = has_streams_out;
   return s;
 }
@@ -158,24 +169,14 @@ Ort::Status AllocateHcLowRankMixOutputs(OrtKernelContext* ctx, HcLowRankMixParam
 
 // The pointers of one call in the math's args struct (CPU: HcLowRankMixCpuArgs, CUDA: HcDeviceTensors;
 // the same field names), each reinterpreted as the math's storage type of T (same bits). Optional
-// ones stay null unless params says they are there.
+// ones stay null unless given (validated: the prologue's two inputs come together, or not at all).
 template <typename Args, typename T>
-Args HcPointers(HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight, HcInput<T> up_weight,
-                HcInput<T> inject_weight, const HcOptionalInput<T>& prev_block_output,
-                const HcOptionalInput<T>& prev_post_gate, const HcLowRankMixParams& params,
-                const HcOutputPtrs<T>& out) {
+Args HcPointers(const HcInputs<T>& in, const HcLowRankMixParams& params, const HcOutputPtrs<T>& out) {
   using S = std::remove_pointer_t<decltype(std::declval<Args>().pre_output)>;
-  const auto in = [](const Ort::Custom::Tensor<T>& t) { return reinterpret_cast<const S*>(t.Data()); };
   Args a;
-  a.streams = in(streams);
-  a.norm_scale = in(norm_scale);
-  a.down_weight = in(down_weight);
-  a.up_weight = in(up_weight);
-  a.inject_weight = in(inject_weight);
-  if (params.has_prologue) {
-    a.prev_block_output = in(**prev_block_output);
-    a.prev_post_gate = in(**prev_post_gate);
-  }
+  MapHcInputs(in, &a, [](const Ort::Custom::Tensor<T>* t) {
+    return t != nullptr ? reinterpret_cast<const S*>(t->Data()) : nullptr;
+  });
   a.pre_output = reinterpret_cast<S*>(out.pre_output);
   a.post_gate = reinterpret_cast<S*>(out.post_gate);
   a.streams_out = params.has_streams_out ? reinterpret_cast<S*>(out.streams_out) : nullptr;
@@ -184,17 +185,41 @@ Args HcPointers(HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weigh
 
 // Everything above, in the order every Compute needs it: shapes -> validated params -> outputs.
 template <typename T>
-Ort::Status PrepareHcLowRankMix(OrtKernelContext* ctx, const HcLowRankMixAttrs& attrs, HcInput<T> streams,
-                                HcInput<T> norm_scale, HcInput<T> down_weight, HcInput<T> up_weight,
-                                HcInput<T> inject_weight, const HcOptionalInput<T>& prev_block_output,
-                                const HcOptionalInput<T>& prev_post_gate, bool has_streams_out,
-                                HcLowRankMixParams* params, HcOutputPtrs<T>* out) {
-  const HcLowRankMixShapes shapes = CollectHcLowRankMixShapes<T>(
-      streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, has_streams_out);
+Ort::Status PrepareHcLowRankMix(OrtKernelContext* ctx, const HcLowRankMixAttrs& attrs, const HcInputs<T>& in,
+                                bool has_streams_out, HcLowRankMixParams* params, HcOutputPtrs<T>* out) {
+  const HcLowRankMixShapes shapes = CollectHcLowRankMixShapes(in, has_streams_out);
   Ort::Status st = InvalidArgument(ResolveHcLowRankMixParams(shapes, attrs, params));
   if (!st.IsOK()) return st;
   return AllocateHcLowRankMixOutputs<T>(ctx, params, out);
 }
+
+// The kernel struct of every provider: the lite API's Compute signature, validation, output
+// allocation and the zero-row exit (empty outputs, nothing run) live here once; Provider runs the math:
+//   Provider(const OrtApi& api, const OrtKernelInfo* info);   // may throw
+//   using Args = ...;   // the math's pointer struct (HcLowRankMixCpuArgs, cuda::HcDeviceTensors)
+//   Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& args);
+template <typename T, typename Provider>
+struct HcLowRankMixKernel {
+  HcLowRankMixKernel(const OrtApi* api, const OrtKernelInfo* info) : provider_(*api, info) {
+    Ort::ThrowOnError(ReadHcLowRankMixAttrs(*api, info, &attrs_));
+  }
+
+  Ort::Status Compute(OrtKernelContext* ctx, HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight,
+                      HcInput<T> up_weight, HcInput<T> inject_weight, HcOptionalInput<T> prev_block_output,
+                      HcOptionalInput<T> prev_post_gate, HcOutput<T> /*pre_output*/, HcOutput<T> /*post_gate*/,
+                      HcOptionalOutput<T> streams_out) {
+    const HcInputs<T> in{&streams, &norm_scale, &down_weight, &up_weight, &inject_weight,
+                         prev_block_output.value_or(nullptr), prev_post_gate.value_or(nullptr)};
+    HcLowRankMixParams params;
+    HcOutputPtrs<T> out;
+    Ort::Status st = PrepareHcLowRankMix<T>(ctx, attrs_, in, streams_out.has_value(), &params, &out);
+    if (!st.IsOK() || params.rows == 0) return st;
+    return provider_.Run(ctx, params, HcPointers<typename Provider::Args>(in, params, out));
+  }
+
+  Provider provider_;
+  HcLowRankMixAttrs attrs_;
+};
 
 namespace detail {
 
@@ -214,15 +239,20 @@ inline OrtStatus* StatusFromCurrentException(const OrtApi& api) {
 // these wrappers run them behind the C boundary and turn any exception into a returned status.
 template <typename Kernel>
 struct GuardedOp {
-  using CreateFn = void*(ORT_API_CALL*)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*);
   using ComputeFn = OrtStatusPtr(ORT_API_CALL*)(void*, OrtKernelContext*);
-  static inline CreateFn create = nullptr;    // the lite op's own functions, the same for every
-  static inline ComputeFn compute = nullptr;  // instance of this Kernel type
 
+  // The lite op's own compute: a captureless function, the same for every instance of this Kernel
+  // type. Taken once from a local instance (thread-safe initialization, never written again).
+  static ComputeFn LiteCompute() {
+    static const ComputeFn compute = Ort::Custom::OrtLiteCustomStruct<Kernel>(kOpName, "").KernelComputeV2;
+    return compute;
+  }
+
+  // op is the registered lite op: its CreateKernel is still the lite API's own.
   static OrtStatusPtr ORT_API_CALL CreateV2(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
                                             void** kernel) noexcept {
     try {
-      *kernel = create(op, api, info);
+      *kernel = op->CreateKernel(op, api, info);
       return nullptr;
     } catch (...) {
       return StatusFromCurrentException(*api);
@@ -253,7 +283,7 @@ struct GuardedOp {
                                       .c_str());
         }
       }
-      return compute(kernel, ctx);
+      return LiteCompute()(kernel, ctx);
     } catch (...) {
       return StatusFromCurrentException(api);
     }
@@ -276,8 +306,6 @@ template <typename Kernel>
 void AddHcLowRankMixOp(Ort::CustomOpDomain& domain, const char* provider) {
   std::unique_ptr<Ort::Custom::OrtLiteCustomOp> op{Ort::Custom::CreateLiteCustomOp<Kernel>(kOpName, provider)};
   using Guard = detail::GuardedOp<Kernel>;
-  Guard::create = op->CreateKernel;
-  Guard::compute = op->KernelComputeV2;
   op->CreateKernelV2 = &Guard::CreateV2;
   op->KernelComputeV2 = &Guard::ComputeV2;
   domain.Add(op.get());

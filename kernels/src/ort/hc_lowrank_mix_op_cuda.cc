@@ -111,15 +111,15 @@ Scratch AllocateScratch(OrtKernelContext* ctx, int device, size_t bytes) {
 }
 
 template <typename T>
-class HcLowRankMixCudaKernel {
+class CudaProvider {
  public:
   using CT = typename CudaTypeOf<T>::type;
+  using Args = cuda::HcDeviceTensors<CT>;
   static constexpr bool kHasFastPath = !std::is_same_v<CT, float>;  // the fast path is fp16/bf16 only
 
-  HcLowRankMixCudaKernel(const OrtApi* api, const OrtKernelInfo* info)
+  CudaProvider(const OrtApi& api, const OrtKernelInfo* info)
       : forced_(ReadForcedPath()), debug_(ReadDebugFlag()), gemm_(debug_) {
-    Ort::ThrowOnError(ReadHcLowRankMixAttrs(*api, info, &attrs_));
-    weights_constant_ = WeightsAreConstant(*api, info);
+    weights_constant_ = WeightsAreConstant(api, info);
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
     ThrowIfCudaFailed(cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device_),
                       "cudaDeviceGetAttribute(compute capability major)");
@@ -129,19 +129,7 @@ class HcLowRankMixCudaKernel {
                       "cudaDeviceGetAttribute(max shared memory per block, opt-in)");
   }
 
-  Ort::Status Compute(OrtKernelContext* ctx, HcInput<T> streams, HcInput<T> norm_scale, HcInput<T> down_weight,
-                      HcInput<T> up_weight, HcInput<T> inject_weight, HcOptionalInput<T> prev_block_output,
-                      HcOptionalInput<T> prev_post_gate, HcOutput<T> /*pre_output*/, HcOutput<T> /*post_gate*/,
-                      HcOptionalOutput<T> streams_out) {
-    HcLowRankMixParams params;
-    HcOutputPtrs<T> out;
-    Ort::Status st = PrepareHcLowRankMix<T>(ctx, attrs_, streams, norm_scale, down_weight, up_weight, inject_weight,
-                                            prev_block_output, prev_post_gate, streams_out.has_value(), &params,
-                                            &out);
-    if (!st.IsOK() || params.rows == 0) return st;  // zero rows: empty outputs, nothing launched
-
-    const auto t = HcPointers<cuda::HcDeviceTensors<CT>>(streams, norm_scale, down_weight, up_weight, inject_weight,
-                                                          prev_block_output, prev_post_gate, params, out);
+  Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& t) {
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(ctx).GetGPUComputeStream());
 
     std::string why;
@@ -219,13 +207,15 @@ class HcLowRankMixCudaKernel {
     }
   }
 
-  HcLowRankMixAttrs attrs_;
   const PathChoice forced_;
   const bool debug_;
   bool weights_constant_ = false;
   int device_ = 0, sm_major_ = 0, sm_minor_ = 0, max_smem_ = 0;
   cuda::HcLtGemm gemm_;  // one cuBLASLt handle and pinned plans per kernel instance
 };
+
+template <typename T>
+using HcLowRankMixCudaKernel = HcLowRankMixKernel<T, CudaProvider<T>>;
 
 }  // namespace
 
