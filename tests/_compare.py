@@ -1,5 +1,5 @@
 """Comparison helpers (bit equality, ulp distance in T); onnxruntime binding that handles bfloat16
-(hcfuse._ort_io, re-exported).
+(hcfuse._ort_io, re-exported); CPU sessions with graph optimizations off.
 
 Every failure message carries the shape, dtype and row count of what was compared and a mask of
 the mismatching cells, so a failing parametrized case says where it broke.
@@ -8,6 +8,8 @@ the mismatching cells, so a failing parametrized case says where it broke.
 from __future__ import annotations
 
 import numpy as np
+
+import onnxruntime as ort
 
 # onnxruntime binding that handles bfloat16, shared with hcfuse.verification
 from hcfuse._ort_io import BFLOAT16, from_ort_value, run_bound, to_ort_value  # noqa: F401
@@ -82,3 +84,19 @@ def assert_ulp_close(actual: np.ndarray, expected: np.ndarray, max_ulps: int, wh
     mask = dist > max_ulps
     assert not mask.any(), f"bound {max_ulps} ulp exceeded\n" + _mismatch_report(actual, expected, mask, dist, what)
     return int(dist.max()) if dist.size else 0
+
+
+def cpu_session(model, library: str | None = None) -> ort.InferenceSession:
+    """model (a ModelProto) on onnxruntime's CPU provider with graph optimizations off, so it runs exactly
+    the nodes built; hcfuse's library registered when given."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if library:
+        so.register_custom_ops_library(library)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def run_stock(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of model, run by a plain onnxruntime (CPU, no hcfuse library, optimizations off)."""
+    session = cpu_session(model)
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))

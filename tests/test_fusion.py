@@ -11,14 +11,13 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 
 from hcfuse import _op
 from hcfuse.reference import hc_lowrank_mix
 from hcfuse.rewrite import fuse_with_report
 from models.qwen_decode import make_decode_model, save_decode_model
-from tests._compare import assert_ulp_close, run_bound
+from tests._compare import assert_ulp_close, cpu_session, run_bound
 
 C, H, R = 4, 16, 8
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -45,14 +44,6 @@ def _fused_nodes(model: ir.Model) -> list[ir.Node]:
     return [n for n in model.graph if n.op_type == _op.OP_TYPE and n.domain == _op.DOMAIN]
 
 
-def _session(proto: onnx.ModelProto, library: str | None) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if library:
-        so.register_custom_ops_library(library)
-    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def _feeds(proto: onnx.ModelProto, leading: tuple, rng) -> dict[str, np.ndarray]:
     """Random values for every graph input (activations of unit scale, weights scaled like the builder's)."""
     feeds = {}
@@ -69,8 +60,8 @@ def _feeds(proto: onnx.ModelProto, leading: tuple, rng) -> dict[str, np.ndarray]
 
 def _assert_same_outputs(original: onnx.ModelProto, fused: onnx.ModelProto, library: str, leading=(2, 3), seed=0):
     feeds = _feeds(original, leading, np.random.default_rng(seed))
-    expected = _session(original, None).run(None, feeds)[0]
-    actual = _session(fused, library).run(None, feeds)[0]
+    expected = cpu_session(original, None).run(None, feeds)[0]
+    actual = cpu_session(fused, library).run(None, feeds)[0]
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
     gap = np.abs(actual.astype(np.float32) - expected.astype(np.float32)).max(initial=0.0)
     bound = TOLERANCE[expected.dtype] * max(1.0, float(np.abs(expected.astype(np.float32)).max(initial=0.0)))
@@ -138,7 +129,7 @@ def test_zero_rows(hcfuse_lib):
     model = ir.from_proto(original)
     assert len(fuse_with_report(model).fused) == 3
     feeds = {"inputs_embeds": np.zeros((0, H), np.float32)}
-    assert _session(ir.to_proto(model), hcfuse_lib).run(None, feeds)[0].shape == (0, H)
+    assert cpu_session(ir.to_proto(model), hcfuse_lib).run(None, feeds)[0].shape == (0, H)
 
 
 @pytest.mark.parametrize("constants", ["node", "initializer"])
@@ -218,7 +209,7 @@ def test_bfloat16_chain_matches_the_reference(hcfuse_lib):
     model = ir.from_proto(original)
     assert len(fuse_with_report(model).fused) == 4
     x = np.random.default_rng(3).standard_normal((5, C * H)).astype(BF16)
-    actual = run_bound(_session(ir.to_proto(model), hcfuse_lib), {"hyper_states": x})["hidden_states"]
+    actual = run_bound(cpu_session(ir.to_proto(model), hcfuse_lib), {"hyper_states": x})["hidden_states"]
     assert_ulp_close(actual, _reference_chain(ir.from_proto(original), x), max_ulps=2, what="hidden_states")
 
 

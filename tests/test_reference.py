@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
@@ -47,7 +46,7 @@ from hcfuse import reference
 from hcfuse._op import ATTRIBUTES, BRANCH_NORM, DOMAIN, OUTPUTS, POST_MIX, PRE_MIX, QWEN_CONFIG, SCALED_SILU
 from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights, weight_shapes
 from tests.oprun import CONTRIB_OPS
-from tests._compare import BFLOAT16, assert_bitwise_equal, max_ulp, run_bound
+from tests._compare import BFLOAT16, assert_bitwise_equal, cpu_session, max_ulp, run_bound, run_stock
 
 # MLAS's logistic (ORT's CPU Sigmoid and ScaledSiLU's sigmoid): absolute error below 2^-22
 # (measured max 1.79e-7 over [-88, 20])
@@ -106,14 +105,6 @@ def make_stock_chain(*, C, H, R, dtype, prologue, epsilon=1e-5, reduction_scale=
                              ir_version=IR_VERSION)
 
 
-def run_stock(model, feeds) -> dict[str, np.ndarray]:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
-
-
 # stock single-node runs ----------------------------------------------------------------------
 
 
@@ -131,11 +122,7 @@ def make_node_model(op_type: str, inputs: dict[str, np.ndarray], domain: str = "
 
 def run_node(op_type: str, inputs: dict[str, np.ndarray], domain: str = "", **attrs) -> np.ndarray:
     """One stock node on onnxruntime's CPU provider (bfloat16 bound through its bits)."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    model = make_node_model(op_type, inputs, domain, **attrs)
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return run_bound(sess, inputs)["y"]
+    return run_bound(cpu_session(make_node_model(op_type, inputs, domain, **attrs)), inputs)["y"]
 
 
 def _ulp_of(x: np.ndarray) -> np.ndarray:

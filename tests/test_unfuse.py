@@ -17,18 +17,11 @@ from hcfuse.unfusion import unfuse as unfuse_in_place
 from hcfuse.verification import DEFAULT_MAX_ULP, ulp_gap
 from models.hc_block import make_fused_node_model, random_activations, random_weights
 from models.qwen_decode import make_decode_model
+from tests._compare import run_stock
 
 C, H, R = 4, 16, 8
 ATTRS = dict(epsilon=1e-6, reduction_scale=0.25, silu_alpha=0.25, gate_div=4.0, gate_mul=2.0)
 CHAIN_OPS = {*_op.CHAIN_CONTRIB_OPS, "MatMul", "Sigmoid", "Div", "Mul"}
-
-
-def run_stock(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
-    """onnxruntime CPU without hcfuse's library, graph optimizations off."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 
 def op_types(model) -> collections.Counter:
