@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out-dir {args.out_dir} is not a directory")
     try:
         return args.func(args)
-    except (model_io.ModelIOError, FileNotFoundError, OSError, ValueError, TypeError) as e:
+    except (model_io.ModelIOError, OSError, ValueError, TypeError) as e:  # OSError: FileNotFoundError too
         if args.debug:
             traceback.print_exc()
         print(f"hcfuse {args.command}: error: {e}", file=sys.stderr)

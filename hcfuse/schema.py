@@ -8,8 +8,6 @@ an exception raised here escapes ONNX's inference even outside strict mode.
 
 from __future__ import annotations
 
-import math
-
 import onnx
 from onnx import TensorProto, TypeProto
 from onnx.defs import OpSchema
