@@ -320,6 +320,15 @@ def test_postmix_with_per_feature_post_mix_fuses_without_prologue():
     _expect(model, fused=4, anchor_index=1, reason=f"must be (..., {C})", prefix="prologue not fused: ")
 
 
+@pytest.mark.parametrize("which, reason", [("prev_block_output", f"must be (..., {H})"), ("post_mix", f"must be (..., {C})")])
+def test_postmix_scalar_inputs_fuse_without_prologue(which, reason):
+    """A rank-0 shape on a prologue input is refused with a reason (it was an IndexError in check)."""
+    model = _model()
+    post = _node(model, _op.POST_MIX, 0)
+    post.replace_input_with(1 if which == "prev_block_output" else 2, _graph_input(model, which, ir.DataType.FLOAT, []))
+    _expect(model, fused=4, anchor_index=1, reason=reason, prefix="prologue not fused: ")
+
+
 def test_wrong_inject_weight_shape():
     model = _model(packed=False)
     inject = _node(model, "MatMul", 1)  # block 0: down, inject, up

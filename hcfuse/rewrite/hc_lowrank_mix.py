@@ -340,11 +340,11 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
         if len(post.inputs) > 3 and post.inputs[3] is not None:
             return f"HyperConnectionPostMix {post.name!r} has a stream_mix input"
         prev_out, gate = _dims(b["prev_block_output"]), _dims(b["prev_post_gate"])
-        if prev_out is not None and prev_out[-1] not in (None, H):
+        if prev_out is not None and (not prev_out or prev_out[-1] not in (None, H)):
             return f"prev_block_output {b['prev_block_output'].name!r} must be (..., {H}); got {prev_out}"
         if gate is None:
             return f"the shape of post_mix {b['prev_post_gate'].name!r} is unknown: cannot prove it is (..., {C})"
-        if gate[-1] != C or (prev_out is not None and len(gate) != len(prev_out)):
+        if not gate or gate[-1] != C or (prev_out is not None and len(gate) != len(prev_out)):
             return f"post_mix {b['prev_post_gate'].name!r} must be (..., {C}); got {gate}"
         return None
 
