@@ -188,7 +188,7 @@ def verify(
 
     providers: default CUDA when onnxruntime sees it, else CPU (with hcfuse's library registered).
     rows / dims: sizes given to symbolic input dims (dims by name, the rest rows).
-    max_ulp: the bound, one number or per ir.DataType; default DEFAULT_MAX_ULP.
+    max_ulp: the bound, one number or per ir.DataType (a type not named keeps DEFAULT_MAX_ULP's).
     """
     from hcfuse._library import get_library_path
     from hcfuse._ort_io import run_bound  # bfloat16 in and out as raw bits (ORT's numpy API refuses it)
@@ -221,7 +221,7 @@ def _compare(expected, actual, reference: ir.Model, provider, feeds, max_ulp) ->
             return VerifyResult("failed", provider, gaps, reason=reason)
         dtype = ir.DataType.from_numpy(a.dtype)
         if dtype in _MANTISSA_BITS:
-            bound = max_ulp if isinstance(max_ulp, (int, float)) else (max_ulp or DEFAULT_MAX_ULP)[dtype]
+            bound = max_ulp if isinstance(max_ulp, (int, float)) else {**DEFAULT_MAX_ULP, **(max_ulp or {})}[dtype]
             gap = ulp_gap(a, b, dtype)
         else:
             bound, gap = 0.0, float(0 if np.array_equal(a, b) else np.inf)

@@ -458,3 +458,11 @@ def test_cli_report_path_checked_before_any_work(target, message, model_file, tm
     assert code == EXIT_ERROR and message in err and len(err.strip().splitlines()) == 1, err
     assert digest(model_file) == before
     assert not os.path.exists(out_path) and out == ""  # refused before fusing or writing anything
+
+
+def test_verify_bound_per_type_keeps_the_defaults_of_other_types(hcfuse_lib):
+    original = small(2)  # float32
+    fused = hcfuse.optimize(original)
+    cpu = ["CPUExecutionProvider"]
+    assert hcfuse.verify(original, fused, providers=cpu, max_ulp={ir.DataType.FLOAT16: 0.0}).status == "passed"
+    assert hcfuse.verify(original, fused, providers=cpu, max_ulp={ir.DataType.FLOAT: -1.0}).status == "failed"
