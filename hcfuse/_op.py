@@ -59,6 +59,9 @@ QWEN_CONFIG = {
     "gate_div": 4.0,
     "gate_mul": 2.0,
 }
+# The same, as the op's attributes and as the builders' (C, H, R) keyword arguments.
+QWEN_ATTRIBUTES = {name: QWEN_CONFIG[name] for name in FLOAT_ATTRIBUTES}
+QWEN_SHAPE = {"C": QWEN_CONFIG["num_branches"], "H": QWEN_CONFIG["hidden"], "R": QWEN_CONFIG["rank"]}
 
 
 def attribute_defaults() -> dict[str, float]:

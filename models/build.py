@@ -39,13 +39,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    q = _op.QWEN_CONFIG
     try:
         save_decode_model(
             a.output, a.blocks, external_data=a.external_data, C=a.C, H=a.H, R=a.R, dtype=DTYPES_BY_NAME[a.dtype],
             packed=not a.separate, leading_dims=a.leading_dims, sublayer=a.sublayer, final_mix=a.final_mix,
-            num_weight_sets=a.weight_sets, seed=a.seed, gate_div=q["gate_div"], gate_mul=q["gate_mul"],
-            epsilon=q["epsilon"], reduction_scale=q["reduction_scale"], silu_alpha=q["silu_alpha"],
+            num_weight_sets=a.weight_sets, seed=a.seed, **_op.QWEN_ATTRIBUTES,
         )
     except (ValueError, OSError) as e:
         print(f"models.build: {e}", file=sys.stderr)

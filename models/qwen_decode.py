@@ -37,6 +37,7 @@ from hcfuse.reference import SUPPORTED_DTYPES
 
 OPSET = 21
 IR_VERSION = 10
+_Q = _op.QWEN_CONFIG  # the defaults below: Qwen3.8-Flash-Next's block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,18 +45,18 @@ class DecodeConfig:
     """Everything that shapes a decode graph (see make_decode_model for the meaning of each field)."""
 
     num_blocks: int
-    C: int = 4
-    H: int = 2560
-    R: int = 320
+    C: int = _Q["num_branches"]
+    H: int = _Q["hidden"]
+    R: int = _Q["rank"]
     dtype: type = np.float32
     packed: bool = True
     leading_dims: tuple = ("batch", "seq")
     sublayer: str = "matmul"
-    gate_div: float = 4.0
-    gate_mul: float = 2.0
-    epsilon: float | None = 1e-6
-    reduction_scale: float = 0.25
-    silu_alpha: float = 0.25
+    gate_div: float = _Q["gate_div"]
+    gate_mul: float = _Q["gate_mul"]
+    epsilon: float | None = _Q["epsilon"]
+    reduction_scale: float = _Q["reduction_scale"]
+    silu_alpha: float = _Q["silu_alpha"]
     num_weight_sets: int | None = None
     seed: int = 0
     final_mix: bool = False
@@ -261,18 +262,18 @@ def build_decode_model(num_blocks: int, **options) -> ir.Model:
 def make_decode_model(
     num_blocks: int,
     *,
-    C: int = 4,
-    H: int = 2560,
-    R: int = 320,
+    C: int = _Q["num_branches"],
+    H: int = _Q["hidden"],
+    R: int = _Q["rank"],
     dtype=np.float32,
     packed: bool = True,
     leading_dims: Sequence = ("batch", "seq"),
     sublayer: str = "matmul",
-    gate_div: float = 4.0,
-    gate_mul: float = 2.0,
-    epsilon: float | None = 1e-6,
-    reduction_scale: float = 0.25,
-    silu_alpha: float = 0.25,
+    gate_div: float = _Q["gate_div"],
+    gate_mul: float = _Q["gate_mul"],
+    epsilon: float | None = _Q["epsilon"],
+    reduction_scale: float = _Q["reduction_scale"],
+    silu_alpha: float = _Q["silu_alpha"],
     num_weight_sets: int | None = None,
     seed: int = 0,
     final_mix: bool = False,

@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from hcfuse._op import QWEN_CONFIG
+from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE
 from hcfuse.reference import hc_lowrank_mix_steps
 from models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import assert_bitwise_equal, assert_ulp_close, run_bound, to_ort_value
@@ -29,8 +29,8 @@ from tests._cuda import compute_capability, cuda_session, device_to_host, fused_
 pytestmark = pytest.mark.cuda
 
 BF16 = ml_dtypes.bfloat16
-QWEN = dict(C=QWEN_CONFIG["num_branches"], H=QWEN_CONFIG["hidden"], R=QWEN_CONFIG["rank"])
-ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
+QWEN = QWEN_SHAPE
+ATTRS = QWEN_ATTRIBUTES
 ULP_BOUND = 2
 
 

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from hcfuse import reference
-from hcfuse._op import OUTPUTS, QWEN_CONFIG
+from hcfuse._op import OUTPUTS, QWEN_ATTRIBUTES, QWEN_SHAPE
 from models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import BFLOAT16, assert_bitwise_equal, assert_ulp_close, run_bound
 
 DTYPES = [np.float32, np.float16, BFLOAT16]
 DTYPE_IDS = ["float32", "float16", "bfloat16"]
 ODD_ATTRS = {"epsilon": 1e-3, "reduction_scale": 0.7, "silu_alpha": 1.7, "gate_div": 3.0, "gate_mul": 1.5}
-QWEN_ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
+QWEN_ATTRS = QWEN_ATTRIBUTES
 ACTIVATIONS = ("streams", "prev_block_output", "prev_post_gate")
 
 
@@ -96,8 +96,8 @@ def test_weights_as_initializers(make_session, rng, dtype):
 @pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_qwen_size(make_session, rng, rows, dtype):
-    check_against_reference(make_session, C=QWEN_CONFIG["num_branches"], H=QWEN_CONFIG["hidden"],
-                            R=QWEN_CONFIG["rank"], dtype=dtype, lead=(rows,), rng=rng, prologue=True, **QWEN_ATTRS)
+    check_against_reference(make_session, **QWEN_SHAPE, dtype=dtype, lead=(rows,), rng=rng, prologue=True,
+                            **QWEN_ATTRS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

@@ -30,7 +30,7 @@ import onnxruntime as ort
 import pytest
 
 import hcfuse
-from hcfuse._op import QWEN_CONFIG
+from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE
 from hcfuse.reference import hc_lowrank_mix, hc_lowrank_mix_steps
 from models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import assert_bitwise_equal, max_ulp, run_bound, to_ort_value, ulp_distance
@@ -42,8 +42,8 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [np.dtype(np.float32), np.dtype(np.float16), BF16]
 DTYPE_IDS = ["fp32", "fp16", "bf16"]
 PATHS = ["general", "fast"]
-QWEN = dict(C=QWEN_CONFIG["num_branches"], H=QWEN_CONFIG["hidden"], R=QWEN_CONFIG["rank"])
-QWEN_ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
+QWEN = QWEN_SHAPE
+QWEN_ATTRS = QWEN_ATTRIBUTES
 BOUND = {np.dtype(np.float32): 64, np.dtype(np.float16): 4, BF16: 2}
 FAST_UNSUPPORTED = "HCFUSE_FORCE_PATH=fast, but the fast path cannot run this call"
 OUTPUT_NAMES = ("pre_output", "post_gate", "streams_out")

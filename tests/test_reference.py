@@ -43,7 +43,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from hcfuse import reference
-from hcfuse._op import ATTRIBUTES, BRANCH_NORM, DOMAIN, OUTPUTS, POST_MIX, PRE_MIX, QWEN_CONFIG, SCALED_SILU
+from hcfuse._op import ATTRIBUTES, BRANCH_NORM, DOMAIN, OUTPUTS, POST_MIX, PRE_MIX, QWEN_ATTRIBUTES, SCALED_SILU
 from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights, weight_shapes
 from tests.oprun import CONTRIB_OPS
 from tests._compare import BFLOAT16, assert_bitwise_equal, cpu_session, max_ulp, run_bound, run_stock
@@ -143,7 +143,7 @@ def assert_within(stock: np.ndarray, ref: np.ndarray, bound: np.ndarray, what: s
 
 # the reference's own values, per test case ----------------------------------------------------
 
-QWEN_ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
+QWEN_ATTRS = QWEN_ATTRIBUTES
 ODD_ATTRS = {"epsilon": 1e-3, "reduction_scale": 0.7, "silu_alpha": 1.7, "gate_div": 3.0, "gate_mul": 1.5}
 CASES = [  # (C, H, R, rows, attrs)
     (4, 2560, 320, 4, QWEN_ATTRS),
