@@ -4,9 +4,14 @@
 // fp32 arithmetic, rounding to T at each of SPEC's points, sequential accumulation over k for
 // every dot product and the norm's sum of squares (separate multiply and add: built with
 // -ffp-contract=off), branches summed in order c = 0..C-1 for pre_output, and
-// sigmoid(x) = 1 / (1 + e) with e = exp(-x) correctly rounded to fp32. Rows are processed in
-// tiles that share weight reads; a row's operations do not depend on its tile, so a row gives
-// the same bits at any batch size and on any thread.
+// sigmoid(x) = 1 / (1 + e) with e = exp(-x) correctly rounded to fp32.
+//
+// Work is split over OUTPUT elements only, never over a sum: the norm per (row, branch), the
+// down/inject products per block of output columns, the up product, g and pre_output per block of
+// features h (all C branches of it). Rows go in tiles of kHcCpuRowTile that share each weight read.
+// Every output's sequence of operations is fixed by the reference, whatever the tiling, blocking,
+// instruction set (AVX-512, AVX2 or plain) or thread; so a row gives the same bits at any batch
+// size and with any number of threads.
 #pragma once
 
 #include <cstdint>
@@ -112,19 +117,28 @@ struct HcLowRankMixCpuArgs {
 // any threads; the serial loop is a valid runner.
 using HcTaskRunner = std::function<void(int64_t num_tasks, const std::function<void(int64_t task)>& fn)>;
 
-// Rows processed together (sharing each weight row read); results do not depend on it.
+// Rows processed together (sharing each weight read); results do not depend on it.
 inline constexpr int64_t kHcCpuRowTile = 4;
+// Rows per pass of the three phases: bounds the scratch (about 5 MB at the Qwen shape).
+inline constexpr int64_t kHcCpuRowsPerPass = 64;
 
-// Computes the op for all params.rows rows. params comes from ResolveHcLowRankMixParams; nothing is
-// read or written when rows == 0.
+// fp32 scratch HcLowRankMixCpu needs: hn and g (rows x C*H) and hidden (rows x R) for one pass.
+inline int64_t HcLowRankMixCpuScratchFloats(const HcLowRankMixParams& p) {
+  const int64_t rows = p.rows < kHcCpuRowsPerPass ? p.rows : kHcCpuRowsPerPass;
+  return rows * (2 * p.width() + p.R);
+}
+
+// Computes the op for all params.rows rows. params comes from ResolveHcLowRankMixParams; scratch
+// holds HcLowRankMixCpuScratchFloats(params) floats. Nothing is read or written when rows == 0.
 template <typename T>
-void HcLowRankMixCpu(const HcLowRankMixParams& params, const HcLowRankMixCpuArgs<T>& args, const HcTaskRunner& run);
+void HcLowRankMixCpu(const HcLowRankMixParams& params, const HcLowRankMixCpuArgs<T>& args, const HcTaskRunner& run,
+                     float* scratch);
 
 extern template void HcLowRankMixCpu<float>(const HcLowRankMixParams&, const HcLowRankMixCpuArgs<float>&,
-                                            const HcTaskRunner&);
+                                            const HcTaskRunner&, float*);
 extern template void HcLowRankMixCpu<Half>(const HcLowRankMixParams&, const HcLowRankMixCpuArgs<Half>&,
-                                           const HcTaskRunner&);
+                                           const HcTaskRunner&, float*);
 extern template void HcLowRankMixCpu<BFloat16>(const HcLowRankMixParams&, const HcLowRankMixCpuArgs<BFloat16>&,
-                                               const HcTaskRunner&);
+                                               const HcTaskRunner&, float*);
 
 }  // namespace hcfuse

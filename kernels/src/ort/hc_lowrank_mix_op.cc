@@ -1,10 +1,13 @@
 // CPUExecutionProvider kernel of HyperConnectionLowRankMix: validates, allocates, and hands raw
-// pointers to the CPU math (cpu/hc_lowrank_mix_cpu.h), parallel over row tiles on ORT's thread pool.
+// pointers and fp32 scratch (from ORT's CPU allocator) to the CPU math (cpu/hc_lowrank_mix_cpu.h),
+// whose tasks (blocks of output elements) run on ORT's thread pool.
 #include "ort/hc_lowrank_mix_op.h"
 
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <type_traits>
 
 #include "cpu/hc_lowrank_mix_cpu.h"
@@ -50,6 +53,25 @@ HcTaskRunner OrtTaskRunner(OrtKernelContext* ctx) {
   };
 }
 
+// fp32 scratch from the session's CPU allocator, returned to it when the call ends.
+using CpuScratch = std::unique_ptr<float, std::function<void(float*)>>;
+
+CpuScratch AllocateCpuScratch(OrtKernelContext* ctx, int64_t floats) {
+  const Ort::MemoryInfo info = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
+  // KernelContext_GetAllocator hands out a new wrapper object on every call, which the caller
+  // releases (ReleaseAllocator): here once the scratch has gone back to it.
+  const std::shared_ptr<OrtAllocator> allocator(Ort::KernelContext(ctx).GetAllocator(*info),
+                                                [](OrtAllocator* a) { Ort::GetApi().ReleaseAllocator(a); });
+  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+  void* p = allocator->Alloc(allocator.get(), bytes);
+  if (p == nullptr) {
+    throw Ort::Exception(std::string(kOpName) + ": ORT's CPU allocator returned no memory for " +
+                             std::to_string(bytes) + " bytes of scratch",
+                         ORT_RUNTIME_EXCEPTION);
+  }
+  return CpuScratch(static_cast<float*>(p), [allocator](float* q) { allocator->Free(allocator.get(), q); });
+}
+
 template <typename T>
 struct CpuProvider {
   using Args = HcLowRankMixCpuArgs<CpuType<T>>;
@@ -57,7 +79,8 @@ struct CpuProvider {
   CpuProvider(const OrtApi& /*api*/, const OrtKernelInfo* /*info*/) {}
 
   Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& args) {
-    HcLowRankMixCpu(params, args, OrtTaskRunner(ctx));
+    const CpuScratch scratch = AllocateCpuScratch(ctx, HcLowRankMixCpuScratchFloats(params));
+    HcLowRankMixCpu(params, args, OrtTaskRunner(ctx), scratch.get());
     return Ort::Status{nullptr};
   }
 };
