@@ -128,9 +128,27 @@ def test_determinism_across_runs_and_threads(make_session, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_special_values(make_session, rng, dtype):
-    """Overflowing streams, infinities, NaN and subnormals follow the reference (NaN counted equal)."""
-    C, H, R = 2, 8, 4
+@pytest.mark.parametrize("rows", [1, 3])
+def test_decode_rows_same_bits_on_any_thread_count(make_session, rng, dtype, rows):
+    """A few rows have their outputs split over the thread pool (branches for the norm, column blocks
+    of down/inject, feature blocks of up and pre_output): 1, 2 and 4 intra-op threads all give the
+    reference's bits. H and R leave partial blocks."""
+    C, H, R = 4, 300, 70
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True, **QWEN_ATTRS)
+    want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **QWEN_ATTRS)))
+    for threads in (1, 2, 4):
+        got = run_bound(make_session(model, intra_op_threads=threads), feeds)
+        for name in got:
+            assert_bitwise_equal(got[name], want[name], f"{name}: {threads} threads, rows={rows}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("H, R", [(8, 4), (40, 20)], ids=["narrow", "vector-width"])
+def test_special_values(make_session, rng, dtype, H, R):
+    """Overflowing streams, infinities, NaN and subnormals follow the reference (NaN counted equal).
+    H=40, R=20 also puts them through the kernel's 8/16-lane conversions, not only its scalar tails."""
+    C = 2
     feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((6,), C, H, dtype, rng, prologue=True)}
     big = float(ml_dtypes.finfo(dtype).max)
     s = feeds["streams"].astype(np.float32)

@@ -35,13 +35,30 @@ struct GemmArgs {
   int64_t ldo;
 };
 
+// One instruction set's products and elementwise spans (hc_lowrank_mix_cpu_gemm.inc).
+template <typename T>
+struct CpuOps {
+  void (*gemm)(const GemmArgs<T>&);
+  void (*widen)(const T* src, int64_t n, float* dst);  // dst[i] = ToFloat(src[i])
+  void (*narrow)(const float* x, int64_t n, T* out);   // out[i] = FromFloat<T>(x[i])
+  void (*round)(float* x, int64_t n);                  // x[i] = RoundToT<T>(x[i])
+};
+
 inline void WidenHalfPortable(const Half* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = ToFloat(src[i]);
+}
+inline void NarrowHalfPortable(const float* x, int64_t n, Half* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = FromFloat<Half>(x[i]);
+}
+inline void RoundHalfPortable(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = RoundToT<Half>(x[i]);
 }
 
 namespace generic {
 constexpr int MaxVectors(int rows) { return rows == 1 ? 2 : 1; }
 inline void WidenHalf(const Half* src, int64_t n, float* dst) { WidenHalfPortable(src, n, dst); }
+inline void NarrowHalf(const float* x, int64_t n, Half* out) { NarrowHalfPortable(x, n, out); }
+inline void RoundHalf(float* x, int64_t n) { RoundHalfPortable(x, n); }
 #include "cpu/hc_lowrank_mix_cpu_gemm.inc"
 }  // namespace generic
 
@@ -59,6 +76,28 @@ inline void WidenHalf(const Half* src, int64_t n, float* dst) {
   }
   WidenHalfPortable(src + i, n - i, dst + i);
 }
+// The hardware narrowing rounds to nearest even as FromFloat<Half> does (subnormals and overflow
+// to infinity included); NaN lanes are first made the NaN FromFloat<Half> gives (0x7e00 | sign),
+// whose fp32 form sign | 0x7fc00000 the hardware narrows to exactly that.
+inline __m256 CanonicalNaN(__m256 v) {
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  const __m256 sign = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)));
+  const __m256 canonical = _mm256_or_ps(sign, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
+  return _mm256_blendv_ps(v, canonical, nan);
+}
+inline __m128i NarrowHalf8(const float* x) {
+  return _mm256_cvtps_ph(CanonicalNaN(_mm256_loadu_ps(x)), _MM_FROUND_TO_NEAREST_INT);
+}
+inline void NarrowHalf(const float* x, int64_t n, Half* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), NarrowHalf8(x + i));
+  NarrowHalfPortable(x + i, n - i, out + i);
+}
+inline void RoundHalf(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_cvtph_ps(NarrowHalf8(x + i)));
+  RoundHalfPortable(x + i, n - i);
+}
 #include "cpu/hc_lowrank_mix_cpu_gemm.inc"
 }  // namespace avx2
 #pragma GCC pop_options
@@ -74,25 +113,42 @@ inline void WidenHalf(const Half* src, int64_t n, float* dst) {
   }
   WidenHalfPortable(src + i, n - i, dst + i);
 }
+// As in avx2:: (NaN lanes made FromFloat<Half>'s NaN first).
+inline __m512 CanonicalNaN(__m512 v) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN));
+  const __m512 canonical = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x7fc00000)));
+  return _mm512_mask_blend_ps(nan, v, canonical);
+}
+inline __m256i NarrowHalf16(const float* x) {
+  return _mm512_cvtps_ph(CanonicalNaN(_mm512_loadu_ps(x)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline void NarrowHalf(const float* x, int64_t n, Half* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), NarrowHalf16(x + i));
+  NarrowHalfPortable(x + i, n - i, out + i);
+}
+inline void RoundHalf(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_cvtph_ps(NarrowHalf16(x + i)));
+  RoundHalfPortable(x + i, n - i);
+}
 #include "cpu/hc_lowrank_mix_cpu_gemm.inc"
 }  // namespace avx512
 #pragma GCC pop_options
 #endif
 
+// The widest instruction set this CPU (and OS) runs; all give the same bits.
 template <typename T>
-using GemmFn = void (*)(const GemmArgs<T>&);
-
-// The widest variant this CPU (and OS) runs; all give the same bits.
-template <typename T>
-GemmFn<T> PickGemm() {
+CpuOps<T> PickOps() {
 #ifdef HCFUSE_X86_DISPATCH
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c")) {
-    return &avx512::GemmBlock<T>;
+    return avx512::Ops<T>();
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return &avx2::GemmBlock<T>;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return avx2::Ops<T>();
 #endif
-  return &generic::GemmBlock<T>;
+  return generic::Ops<T>();
 }
 
 // sigmoid(x) = 1 / (1 + e), e = exp(-x) correctly rounded to fp32 (computed in double, rounded once).
@@ -103,6 +159,8 @@ inline float Sigmoid(float x) {
 
 constexpr int64_t kColumnBlock = 32;    // down / inject output columns per task (one cache line of fp16)
 constexpr int64_t kFeatureBlock = 128;  // features h per up/mix task (C * 128 output columns)
+constexpr int64_t kSpan = 256;          // elementwise work in stack spans of this many floats
+constexpr int64_t kNormRows = 4;        // rows per norm task (their sums of squares interleaved)
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -110,9 +168,9 @@ template <typename T>
 class Pass {
  public:
   // Rows [row0, row0 + rows) of the call, rows <= kHcCpuRowsPerPass.
-  Pass(const HcLowRankMixParams& p, const HcLowRankMixCpuArgs<T>& a, GemmFn<T> gemm, float* scratch, int64_t row0,
-       int64_t rows)
-      : p_(p), a_(a), gemm_(gemm), row0_(row0), rows_(rows), tiles_(CeilDiv(rows, kHcCpuRowTile)) {
+  Pass(const HcLowRankMixParams& p, const HcLowRankMixCpuArgs<T>& a, const CpuOps<T>& ops, float* scratch,
+       int64_t row0, int64_t rows)
+      : p_(p), a_(a), ops_(ops), row0_(row0), rows_(rows), tiles_(CeilDiv(rows, kHcCpuRowTile)) {
     hn_ = scratch;
     g_ = hn_ + rows * p.width();
     hidden_ = g_ + rows * p.width();
@@ -120,33 +178,53 @@ class Pass {
 
   void Run(const HcTaskRunner& run) {
     const int64_t C = p_.C;
-    run(rows_ * C, [this, C](int64_t task) { Norm(task / C, task % C); });
+    run(CeilDiv(rows_, kNormRows) * C, [this, C](int64_t task) { Norm(task / C, task % C); });
     const int64_t column_blocks = CeilDiv(p_.R, kColumnBlock) + CeilDiv(C, kColumnBlock);
     run(column_blocks * tiles_, [this](int64_t task) { DownInject(task / tiles_, task % tiles_); });
     run(CeilDiv(p_.H, kFeatureBlock) * tiles_, [this](int64_t task) { UpMix(task / tiles_, task % tiles_); });
   }
 
  private:
-  // S (prologue), streams_out and hn of branch c of pass row r.
-  void Norm(int64_t r, int64_t c) {
-    const int64_t C = p_.C, H = p_.H, W = p_.width(), row = row0_ + r;
-    const T* s = a_.streams + row * W + c * H;
-    float* x = hn_ + r * W + c * H;
-    for (int64_t h = 0; h < H; ++h) x[h] = ToFloat(s[h]);
-    if (p_.has_prologue) {
-      const T* pbo = a_.prev_block_output + row * H;
-      const float gate = ToFloat(a_.prev_post_gate[row * C + c]);
-      for (int64_t h = 0; h < H; ++h) x[h] = RoundToT<T>(x[h] + gate * ToFloat(pbo[h]));  // rounding point: S
+  // S (prologue), streams_out and hn of branch c for the rows of group `group`
+  // (kNormRows rows).
+  void Norm(int64_t group, int64_t c) {
+    const int64_t C = p_.C, H = p_.H, W = p_.width();
+    const int64_t r0 = group * kNormRows, nr = std::min(kNormRows, rows_ - r0);
+    float* x[kNormRows];
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t row = row0_ + r0 + r;
+      x[r] = hn_ + (r0 + r) * W + c * H;
+      ops_.widen(a_.streams + row * W + c * H, H, x[r]);
+      if (p_.has_prologue) {
+        const float gate = ToFloat(a_.prev_post_gate[row * C + c]);
+        float pbo[kSpan];
+        for (int64_t h0 = 0; h0 < H; h0 += kSpan) {
+          const int64_t n = std::min(kSpan, H - h0);
+          ops_.widen(a_.prev_block_output + row * H + h0, n, pbo);
+          float* xs = x[r] + h0;
+          for (int64_t h = 0; h < n; ++h) xs[h] = xs[h] + gate * pbo[h];
+        }
+        ops_.round(x[r], H);  // rounding point: S
+      }
+      if (p_.has_streams_out) ops_.narrow(x[r], H, a_.streams_out + row * W + c * H);
     }
-    if (p_.has_streams_out) {
-      T* out = a_.streams_out + row * W + c * H;
-      for (int64_t h = 0; h < H; ++h) out[h] = FromFloat<T>(x[h]);
+    // sum of squares, sequential over h per row; the tile's rows interleaved (independent chains)
+    for (int64_t r = nr; r < kNormRows; ++r) x[r] = x[0];  // padding rows, results unused
+    float ss[kNormRows] = {};
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t r = 0; r < kNormRows; ++r) ss[r] += x[r][h] * x[r][h];
     }
-    float ss = 0.0f;
-    for (int64_t h = 0; h < H; ++h) ss += x[h] * x[h];
-    const float inv_rms = 1.0f / std::sqrt(ss / static_cast<float>(H) + p_.epsilon);
-    const T* scale = a_.norm_scale + c * H;
-    for (int64_t h = 0; h < H; ++h) x[h] = RoundToT<T>(x[h] * inv_rms * ToFloat(scale[h]));  // rounding point: hn
+    float scale[kSpan];
+    for (int64_t h0 = 0; h0 < H; h0 += kSpan) {
+      const int64_t n = std::min(kSpan, H - h0);
+      ops_.widen(a_.norm_scale + c * H + h0, n, scale);
+      for (int64_t r = 0; r < nr; ++r) {
+        const float inv_rms = 1.0f / std::sqrt(ss[r] / static_cast<float>(H) + p_.epsilon);
+        float* xs = x[r] + h0;
+        for (int64_t h = 0; h < n; ++h) xs[h] = xs[h] * inv_rms * scale[h];
+        ops_.round(xs, n);  // rounding point: hn
+      }
+    }
   }
 
   // Column block `block` of [hn @ down_weight | hn @ inject_weight] for row tile `tile`, and its
@@ -158,24 +236,24 @@ class Pass {
     const bool down = block < down_blocks;
     const int64_t N = down ? R : C;
     const int64_t n0 = (down ? block : block - down_blocks) * kColumnBlock, n1 = std::min(N, n0 + kColumnBlock);
+    const int64_t n = n1 - n0;
     float acc[kHcCpuRowTile * kColumnBlock];
-    gemm_({hn_ + r0 * W, W, nr, down ? a_.down_weight : a_.inject_weight, N, W, n0, n1, acc, kColumnBlock});
+    ops_.gemm({hn_ + r0 * W, W, nr, down ? a_.down_weight : a_.inject_weight, N, W, n0, n1, acc, kColumnBlock});
     for (int64_t r = 0; r < nr; ++r) {
-      const float* ar = acc + r * kColumnBlock;
+      float* v = acc + r * kColumnBlock;
+      ops_.round(v, n);  // rounding point: down / inject
       if (down) {
-        float* hidden = hidden_ + (r0 + r) * R;
-        for (int64_t n = n0; n < n1; ++n) {
-          const float d = RoundToT<T>(ar[n - n0]);             // rounding point: down
-          const float z = RoundToT<T>(p_.silu_alpha * d);     // rounding point: Z
-          const float sg = RoundToT<T>(Sigmoid(z));           // rounding point: SG
-          hidden[n] = RoundToT<T>(z * sg);                    // rounding point: hidden
-        }
+        float sg[kColumnBlock];
+        for (int64_t j = 0; j < n; ++j) v[j] = p_.silu_alpha * v[j];
+        ops_.round(v, n);  // rounding point: Z
+        for (int64_t j = 0; j < n; ++j) sg[j] = Sigmoid(v[j]);
+        ops_.round(sg, n);  // rounding point: SG
+        float* hidden = hidden_ + (r0 + r) * R + n0;
+        for (int64_t j = 0; j < n; ++j) hidden[j] = v[j] * sg[j];
+        ops_.round(hidden, n);  // rounding point: hidden
       } else {
-        T* gate = a_.post_gate + (row0_ + r0 + r) * C;
-        for (int64_t n = n0; n < n1; ++n) {
-          const float inject = RoundToT<T>(ar[n - n0]);                        // rounding point: inject
-          gate[n] = FromFloat<T>(Sigmoid(inject / p_.gate_div) * p_.gate_mul);  // rounding point: post_gate
-        }
+        for (int64_t j = 0; j < n; ++j) v[j] = Sigmoid(v[j] / p_.gate_div) * p_.gate_mul;
+        ops_.narrow(v, n, a_.post_gate + (row0_ + r0 + r) * C + n0);  // rounding point: post_gate
       }
     }
   }
@@ -184,31 +262,31 @@ class Pass {
   void UpMix(int64_t block, int64_t tile) {
     const int64_t R = p_.R, C = p_.C, H = p_.H, W = p_.width();
     const int64_t r0 = tile * kHcCpuRowTile, nr = std::min(kHcCpuRowTile, rows_ - r0);
-    const int64_t h0 = block * kFeatureBlock, h1 = std::min(H, h0 + kFeatureBlock);
+    const int64_t h0 = block * kFeatureBlock, h1 = std::min(H, h0 + kFeatureBlock), n = h1 - h0;
     float* g = g_ + r0 * W;
-    for (int64_t c = 0; c < C; ++c) gemm_({hidden_ + r0 * R, R, nr, a_.up_weight, W, R, c * H + h0, c * H + h1,
-                                           g + c * H + h0, W});
+    for (int64_t c = 0; c < C; ++c) {
+      ops_.gemm({hidden_ + r0 * R, R, nr, a_.up_weight, W, R, c * H + h0, c * H + h1, g + c * H + h0, W});
+    }
     for (int64_t r = 0; r < nr; ++r) {
-      float* gr = g + r * W;
+      float* gr = g + r * W + h0;
+      const float* hn = hn_ + (r0 + r) * W + h0;
+      float mix[kFeatureBlock] = {};
       for (int64_t c = 0; c < C; ++c) {
-        for (int64_t h = h0; h < h1; ++h) {
-          float& v = gr[c * H + h];
-          v = RoundToT<T>(Sigmoid(RoundToT<T>(v)));  // rounding points: up, g
-        }
+        float* v = gr + c * H;
+        ops_.round(v, n);  // rounding point: up
+        for (int64_t h = 0; h < n; ++h) v[h] = Sigmoid(v[h]);
+        ops_.round(v, n);  // rounding point: g
+        const float* hc = hn + c * H;
+        for (int64_t h = 0; h < n; ++h) mix[h] += hc[h] * v[h];  // branches in order c = 0..C-1
       }
-      const float* hn = hn_ + (r0 + r) * W;
-      T* pre = a_.pre_output + (row0_ + r0 + r) * H;
-      for (int64_t h = h0; h < h1; ++h) {
-        float mix = 0.0f;
-        for (int64_t c = 0; c < C; ++c) mix += hn[c * H + h] * gr[c * H + h];
-        pre[h] = FromFloat<T>(p_.reduction_scale * mix);  // rounding point: pre_output
-      }
+      for (int64_t h = 0; h < n; ++h) mix[h] = p_.reduction_scale * mix[h];
+      ops_.narrow(mix, n, a_.pre_output + (row0_ + r0 + r) * H + h0);  // rounding point: pre_output
     }
   }
 
   const HcLowRankMixParams& p_;
   const HcLowRankMixCpuArgs<T>& a_;
-  const GemmFn<T> gemm_;
+  const CpuOps<T> ops_;
   const int64_t row0_, rows_, tiles_;
   float* hn_;      // rows x W: S, then hn
   float* g_;       // rows x W: up accumulators, then g
@@ -220,9 +298,9 @@ class Pass {
 template <typename T>
 void HcLowRankMixCpu(const HcLowRankMixParams& params, const HcLowRankMixCpuArgs<T>& args, const HcTaskRunner& run,
                      float* scratch) {
-  const GemmFn<T> gemm = PickGemm<T>();
+  const CpuOps<T> ops = PickOps<T>();
   for (int64_t row0 = 0; row0 < params.rows; row0 += kHcCpuRowsPerPass) {
-    Pass<T>(params, args, gemm, scratch, row0, std::min(kHcCpuRowsPerPass, params.rows - row0)).Run(run);
+    Pass<T>(params, args, ops, scratch, row0, std::min(kHcCpuRowsPerPass, params.rows - row0)).Run(run);
   }
 }
 
