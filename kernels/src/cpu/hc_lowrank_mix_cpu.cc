@@ -12,7 +12,8 @@
 #include <cmath>
 #include <type_traits>
 
-#if defined(__x86_64__) && defined(__GNUC__)
+// Per-instruction-set variants through `#pragma GCC target` (GCC; elsewhere only the plain one).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define HCFUSE_X86_DISPATCH 1
 #endif
@@ -104,6 +105,10 @@ inline void RoundHalf(float* x, int64_t n) {
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")
+#pragma GCC diagnostic push
+// GCC 12's own _mm512_cvtps_ph / _mm512_cvtph_ps start from an "undefined" vector that it then
+// reports as maybe uninitialized (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace avx512 {
 constexpr int MaxVectors(int rows) { return rows <= 2 ? 8 : 4; }
 inline void WidenHalf(const Half* src, int64_t n, float* dst) {
@@ -135,6 +140,7 @@ inline void RoundHalf(float* x, int64_t n) {
 }
 #include "cpu/hc_lowrank_mix_cpu_gemm.inc"
 }  // namespace avx512
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
