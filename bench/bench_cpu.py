@@ -19,6 +19,7 @@ second; single-threaded for 1 thread, one numpy copy per core in parallel for mo
 
     python3 bench/bench_cpu.py                  # writes bench/out/cpu.md
     python3 bench/bench_cpu.py --rows 1 4 --threads 1 --out /tmp/cpu.md
+    python3 bench/bench_cpu.py --library /tmp/old/libhcfuse_ops.so --out /tmp/old.md   # another build
 """
 
 from __future__ import annotations
@@ -73,11 +74,14 @@ def copy_bandwidth(threads: int, reps: int = 5) -> float:
     return src.nbytes / best
 
 
+LIBRARY = None  # --library: another build of the custom-op library (default: hcfuse's own)
+
+
 def session(model_bytes: bytes, threads: int):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    hcfuse.register(so)
+    so.register_custom_ops_library(LIBRARY or hcfuse.get_library_path())
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
@@ -144,7 +148,10 @@ def main(argv=None) -> int:
     ap.add_argument("--min-reps", type=int, default=3)
     ap.add_argument("--max-reps", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "cpu.md")
+    ap.add_argument("--library", help="custom-op library to register instead of hcfuse's (to compare builds)")
     args = ap.parse_args(argv)
+    global LIBRARY
+    LIBRARY = args.library
 
     import onnxruntime as ort
 
@@ -185,7 +192,8 @@ def main(argv=None) -> int:
                                     "floor": weight_bytes(itemsize) / bandwidth[t] * 1e3})
         del models
 
-    meta = (f"onnxruntime {ort.__version__}, {cores} cores, hcfuse {git_label()}; copy bandwidth " +
+    lib = f"library {args.library}" if args.library else f"hcfuse {git_label()}"
+    meta = (f"onnxruntime {ort.__version__}, {cores} cores, {lib}; copy bandwidth " +
             ", ".join(f"{b / 1e9:.1f} GB/s ({t} thread{'s' if t > 1 else ''})" for t, b in bandwidth.items()))
     write_table(results, args.out, meta, args)
     print(f"bench_cpu: {time.perf_counter() - t_start:.0f} s")
