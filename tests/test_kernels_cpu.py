@@ -102,7 +102,7 @@ def test_qwen_size(make_session, rng, rows, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_row_independence(make_session, rng, dtype):
-    """A row gives the same bits alone as inside a batch of 17 (row tiles of 4 plus a tail)."""
+    """A row gives the same bits alone as inside a batch of 17 (a row tile of 16 plus a tail of 1)."""
     C, H, R, rows = 4, 16, 8, 17
     feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
     batch = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True, **ODD_ATTRS)
