@@ -12,7 +12,6 @@ from collections.abc import Callable
 import onnx
 import onnx_ir as ir
 
-from hcfuse import _op
 from hcfuse.unfusion import unfuse as _unfuse_in_place
 from hcfuse.verification import VerifyResult, verify
 
@@ -35,9 +34,7 @@ def _on_copy(model, transform: Callable[[ir.Model], object]):
 def _fuse(model: ir.Model, debug: bool):
     from hcfuse.rewrite import fuse_with_report
 
-    report = fuse_with_report(model, debug=debug)  # registers the schema too
-    if any(node.op_type == _op.OP_TYPE and node.domain == _op.DOMAIN for node in model.graph):
-        model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
+    report = fuse_with_report(model, debug=debug)  # registers the schema and the opset import too
     if debug:
         import json
 
