@@ -43,6 +43,9 @@ WEIGHT_SETS = 8
 COPY_BANDWIDTH = 4.2e12  # bytes/s, device-to-device copy on this H200 (read + write)
 DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float16, TensorProto.FLOAT16)}
 VARIANTS = ("fast", "general", "stock")
+# Extra variants "fast@SS,HID": the fast path with HCFUSE_FAST_SS_LOCAL_ROWS=SS and
+# HCFUSE_FAST_HIDDEN_LOCAL_ROWS=HID (how its work is split; results are the same bits).
+TUNING_ENV = ("HCFUSE_FAST_SS_LOCAL_ROWS", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS")
 SLOW_REPS = 3  # repetitions for chains whose replay takes longer than --slow-ms
 
 
@@ -84,12 +87,20 @@ class ChainRunner:
 
     def __init__(self, ort, model: onnx.ModelProto, variant: str, elem: int, dtype):
         so = ort.SessionOptions()
+        env = {}
         if variant != "stock":
             so.register_custom_ops_library(hcfuse.get_library_path())
-            os.environ["HCFUSE_FORCE_PATH"] = variant
-        self.sess = ort.InferenceSession(model.SerializeToString(), so,
-                                         providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
-        os.environ.pop("HCFUSE_FORCE_PATH", None)
+            path, _, tuning = variant.partition("@")
+            env["HCFUSE_FORCE_PATH"] = path
+            if tuning:
+                env.update(zip(TUNING_ENV, tuning.split(",")))
+        os.environ.update(env)  # read when the session creates its kernels
+        try:
+            self.sess = ort.InferenceSession(model.SerializeToString(), so,
+                                             providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+        finally:
+            for name in env:
+                os.environ.pop(name, None)
         self.ort, self.elem, self.dtype = ort, elem, dtype
         self.outputs = [o.name for o in self.sess.get_outputs()]
         self.bindings: dict[int, tuple] = {}
@@ -145,17 +156,20 @@ def write_outputs(results: list[dict], out: Path, meta: str) -> None:
         w = csv.DictWriter(f, fieldnames=list(results[0]))
         w.writeheader()
         w.writerows(results)
+    extra = [k for k in results[0] if "@" in k]  # fast@SS,HID variants
     lines = [f"# HyperConnectionLowRankMix decode benchmark ({meta})", "",
              "us per block (slope 96 vs 48 blocks); floor = weights + activations once at 4.2 TB/s;",
              "fraction = floor / fast; speedup = stock / fast.", "",
-             "| dtype | rows | fast | general | stock | floor | fraction of floor | speedup vs stock |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| dtype | rows | fast | general | stock | floor | fraction of floor | speedup vs stock |"
+             + "".join(f" {k} |" for k in extra),
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(extra)]
     def us(v: float) -> str:
         return "n/a" if np.isnan(v) else f"{v:.2f}"
 
     for r in results:
         lines.append(f"| {r['dtype']} | {r['rows']} | {us(r['fast'])} | {us(r['general'])} | {us(r['stock'])} | "
-                     f"{r['floor']:.2f} | {r['floor'] / r['fast']:.0%} | {r['stock'] / r['fast']:.1f}x |")
+                     f"{r['floor']:.2f} | {r['floor'] / r['fast']:.0%} | {r['stock'] / r['fast']:.1f}x |"
+                     + "".join(f" {us(r[k])} |" for k in extra))
     (out / "decode.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, out / "decode.png")
@@ -195,7 +209,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/out"))
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                    help=f"any of {', '.join(VARIANTS)}, or fast@SS,HID (the fast path with a work split)")
     ap.add_argument("--blocks", type=int, nargs=2, default=[48, 96], metavar=("SHORT", "LONG"))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--replays", type=int, default=100)
@@ -232,7 +247,7 @@ def main() -> None:
                 del runner
         for rows in args.rows:
             rec = {"dtype": dt, "rows": rows}
-            for variant in VARIANTS:
+            for variant in dict.fromkeys([*VARIANTS, *args.variants]):
                 rec[variant] = ((times[variant, long_, rows] - times[variant, short, rows]) / (long_ - short)
                                 if variant in args.variants else float("nan"))
             rec["floor"] = floor_us(rows, np.dtype(dtype).itemsize)

@@ -178,3 +178,24 @@ def test_chain_under_cuda_graph(fast_session, rng, rows):
                  "prev_post_gate": ref["post_gate"]}
     _assert_pre_output_close(eager[names[0]], ref["pre_output"], ref["pre_scale"], "4-block chain pre_output",
                              bound=8 * ULP_BOUND, min_exact=0.5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 33])
+def test_work_split_never_changes_a_result(fast_session, rng, monkeypatch, rows):
+    """The tuning knobs move work between cluster ranks (local sums of squares and hidden values, or
+    shared through distributed shared memory); every split sums in the same order, so bits agree."""
+    model, _, feeds = _case(**QWEN, dtype=BF16, rows=rows, prologue=True, rng=rng)
+    results = []
+    for local_rows in ("0", "64"):
+        monkeypatch.setenv("HCFUSE_FAST_SS_LOCAL_ROWS", local_rows)
+        monkeypatch.setenv("HCFUSE_FAST_HIDDEN_LOCAL_ROWS", local_rows)
+        results.append(run_bound(fast_session(model), feeds, device="cuda"))
+    for name in results[0]:
+        assert_bitwise_equal(results[1][name], results[0][name], f"rows={rows} {name}: shared vs local split")
+
+
+def test_bad_tuning_value_is_a_clear_error(fast_session, rng, monkeypatch):
+    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
+    monkeypatch.setenv("HCFUSE_FAST_SS_LOCAL_ROWS", "many")
+    with pytest.raises(Exception, match="HCFUSE_FAST_SS_LOCAL_ROWS must be a row count"):
+        fast_session(model)

@@ -1,23 +1,27 @@
-// Fused fast decode path of HyperConnectionLowRankMix: two kernels, weights streamed into shared
-// memory with cp.async (before the grid-dependency wait when they are constant initializers), fp32
-// partials of the down/inject GEMVs reduced inside a thread-block cluster through distributed shared
-// memory (sm_90), then in a fixed order across clusters by stage 2.
+// Fused fast decode path of HyperConnectionLowRankMix: two kernels per node, weights streamed into
+// shared memory with cp.async (before the grid-dependency wait when they are constant initializers),
+// both products on tensor cores (mma.sync m16n8k16, fp32 accumulation, rows as the M = 16 side), fp32
+// partials of the down/inject product reduced inside a thread-block cluster through distributed
+// shared memory (sm_90), then in a fixed order across clusters by stage 2.
 //
-// Stage 1 (HcFastStage1Kernel), one CTA per K slice of ks = H / ctas_per_branch features of one branch:
-//   S of the whole branch for every row (prologue), its sum of squares, hn of the slice (kept in smem
-//   and written to scratch for stage 2's pre-mix), streams_out of the slice, and the slice's share of
-//   [down | inject] = hn @ [down_weight | inject_weight] for all rows at once (weights read once).
-// Stage 2 (HcFastStage2Kernel), one CTA per hs features h, for all C branches (so pre_output is local):
-//   down / inject from the partials (clusters in order), ScaledSiLU (each cluster rank a slice of R,
-//   shared through distributed shared memory), up = hidden @ up_weight for its C*hs columns, g,
-//   pre-mix; CTA 0 also computes post_gate.
-// Reduction order is fixed and independent of the row count: each thread sums a contiguous k range
-// in order, k groups are added in order, then cluster ranks, then clusters. Rows are processed in
-// chunks of RC; a row's arithmetic is the same in every chunk position.
+// Stage 1 (HcFastStage1Kernel), one CTA per K slice of ks features of one branch:
+//   the branch's sum of squares per row in 8 fixed parts (every CTA all 8, or one part per cluster
+//   rank pushed to its peers), S and hn of the slice (hn to scratch for stage 2's pre-mix),
+//   streams_out of the slice, and the slice's share of [down | inject] = hn @ [down_weight |
+//   inject_weight] for 16 rows at once; each cluster rank reduces a column range over the ranks.
+// Stage 2 (HcFastStage2Kernel), one CTA per hs features h of all C branches (so pre_output is local):
+//   down / inject from the partials (groups in order), ScaledSiLU (all of R, or one slice per cluster
+//   rank pushed to its peers), up = hidden @ up_weight for its C*hs columns, g, pre-mix; CTA 0 also
+//   computes post_gate.
+// Every sum has one fixed order whatever the row count and the tuning: a part of a sum of squares is
+// lane-strided then a butterfly, parts in order; partials are added rank by rank, then group by group;
+// an mma tile's rows never mix. So results are deterministic and row independent.
 #include "cuda/hc_fast_path.h"
 
 #include <algorithm>
 #include <cooperative_groups.h>
+#include <cstring>
+#include <type_traits>
 
 #include "cuda/hc_common.cuh"
 #include "cuda/hc_fast_path_eligibility.h"
@@ -29,28 +33,29 @@ using cuda::FromFloat;
 using cuda::RoundToT;
 using cuda::ToFloat;
 
+constexpr int kRowTile = 16;  // rows per pass: the M of mma.m16n8k16
 constexpr int kStage1Threads = 384;
 constexpr int kStage2Threads = 320;
-constexpr int kMaxRowChunk = 8;
-constexpr int kVec = 4;  // columns per GEMV thread (one 8-byte load of T; one float4 of partial sums)
-static_assert(kVec == 4, "GEMV partials are stored as float4 and S slices as float4");
-static_assert(kStage1Threads % 32 == 0 && kStage2Threads % 32 == 0, "warp sums assume whole warps");
-static_assert(kStage1Threads / 32 <= 32, "stage 1 keeps one warp sum per warp in [32][RC]");
+constexpr int kParts = static_cast<int>(kHcFastSsParts);
+static_assert(kHcFastClusterSize == kHcFastSsParts, "one sum-of-squares part per cluster rank");
 static_assert(kHcFastClusterSize <= 8, "a portable cluster size (no non-portable attribute is set)");
 
 // Run-time tiling shared by both kernels (derived on the host from HcLowRankMixParams).
 struct FastDims {
   int rows, C, H, R, K;
-  int ks, ctas_per_branch;  // stage 1: K slice length, slices per branch
-  int kg1;                  // stage 1: k groups per column group
-  int hs;                   // stage 2: features per CTA (C * hs columns)
-  int kg2;                  // stage 2: r groups per column group
-  int groups;               // partial sets stage 2 reduces (stage 1 CTAs / cluster size)
-  bool has_prologue;
+  int np;             // R + C: columns of a partial row
+  int ks, ldb1, lda1;  // stage 1: K slice, weight tile and A tile strides (elements)
+  int cpb;            // stage 1: CTAs per branch
+  int per1;           // stage 1: partial columns each cluster rank reduces
+  int groups, g4;     // partial sets stage 2 adds (stage 1 CTAs / cluster), padded to 4
+  int hs, n2, ldu;    // stage 2: features per CTA, C * hs columns, weight tile stride
+  int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
+  bool ss_local, hidden_local, has_prologue;
   float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
 };
 
-// ---- PTX wrappers: programmatic dependent launch (sm_90) and cp.async (sm_80).
+// ---- PTX wrappers: programmatic dependent launch and cluster barriers (sm_90), cp.async, ldmatrix
+// and mma.sync (sm_80).
 __device__ __forceinline__ void WaitOnProducer() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -63,392 +68,517 @@ __device__ __forceinline__ void ReleaseDependents() {
 #endif
 }
 
+// Every thread of every CTA of the cluster calls these in the same order (a split cluster barrier).
+// ClusterArriveRelaxed + ClusterWait at the start: all peers are running before any DSMEM access.
+__device__ __forceinline__ void ClusterArriveRelaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void ClusterArrive() {  // release: this thread's DSMEM stores are visible after the wait
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void ClusterWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void ClusterSync() {
+  ClusterArrive();
+  ClusterWait();
+}
+
+__device__ __forceinline__ int ClusterRank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return static_cast<int>(cooperative_groups::this_cluster().block_rank());
+#else
+  return 0;
+#endif
+}
+
+// The address of `p` (this CTA's shared memory) in the shared memory of cluster rank `rank`.
+template <typename P>
+__device__ __forceinline__ P* PeerShared(P* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  __trap();
+  return p;
+#endif
+}
+
+__device__ __forceinline__ unsigned SharedAddress(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 template <int BYTES>
 __device__ __forceinline__ void CpAsync(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(SharedAddress(smem)), "l"(gmem) : "memory");
   } else {
     static_assert(BYTES == 8, "cp.async copies 8 or 16 bytes here");
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(SharedAddress(smem)), "l"(gmem) : "memory");
   }
 }
 
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Copies `bytes` (a multiple of BYTES) of contiguous global memory into shared memory.
-template <int BYTES>
-__device__ __forceinline__ void CpAsyncContiguous(void* smem, const void* gmem, int bytes) {
-  for (int off = threadIdx.x * BYTES; off < bytes; off += blockDim.x * BYTES) {
-    CpAsync<BYTES>(static_cast<char*>(smem) + off, static_cast<const char*>(gmem) + off);
+// A fragment of a 16 x 16 tile of row-major A (row stride lda elements) at column k0.
+__device__ __forceinline__ void LoadAFragment(unsigned (&a)[4], const void* lane_row_ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(SharedAddress(lane_row_ptr))
+               : "memory");
+}
+
+// B fragment of a 16 x 8 tile of row-major B ([k][n], used in place) through the transposing load.
+__device__ __forceinline__ void LoadBFragment(unsigned (&b)[2], const void* lane_row_ptr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(SharedAddress(lane_row_ptr))
+               : "memory");
+}
+
+// d += a @ b on tensor cores, fp32 accumulation.
+template <typename T>
+__device__ __forceinline__ void Mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    static_assert(std::is_same_v<T, __half>, "the fast path runs float16 and bfloat16");
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
 }
 
-// Four T from shared memory (8 bytes) as fp32.
-template <typename T>
-__device__ __forceinline__ void Load4(const T* p, float (&w)[kVec]) {
-  const auto v = cuda::LoadVec<T, kVec>(p);
+// One warp: out[t] = A[16 x 16*ksteps] @ B[:, n0[t] .. n0[t] + 8) for TILES column tiles (n0 < 0: none),
+// A and B in shared memory (row strides lda, ldb). k steps go round-robin to CHAINS accumulators
+// (independent mma chains), added in order at the end. The accumulator layout is mma's: lane l holds
+// rows l/4 and l/4 + 8, columns 2 * (l % 4) + {0, 1}.
+template <typename T, int TILES, int CHAINS>
+__device__ __forceinline__ void WarpMma(const T* A, int lda, const T* B, int ldb, int ksteps, const int (&n0)[TILES],
+                                        float (&out)[TILES][4]) {
+  const int lane = threadIdx.x & 31;
+  float acc[CHAINS][TILES][4] = {};
+  const T* a_lane = A + (lane & 15) * lda + (lane >> 4) * 8;
+  const T* b_lane = B + (lane & 15) * ldb;
+  for (int k = 0; k < ksteps; k += CHAINS) {
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) w[j] = ToFloat<T>(v.v[j]);
-}
-
-// sum over g = 0..groups-1 of p[g * stride], in that order, with up to kBatch loads in flight
-// (a plain loop would wait one L2 round trip per group).
-__device__ __forceinline__ float SumPartials(const float* p, size_t stride, int groups) {
-  constexpr int kBatch = 16;
-  float acc = 0.0f;
-  for (int base = 0; base < groups; base += kBatch) {
-    float v[kBatch];
+    for (int c = 0; c < CHAINS; ++c) {
+      if (k + c < ksteps) {
+        unsigned a[4];
+        LoadAFragment(a, a_lane + (k + c) * 16);
 #pragma unroll
-    for (int g = 0; g < kBatch; ++g) v[g] = base + g < groups ? p[(base + g) * stride] : 0.0f;
-#pragma unroll
-    for (int g = 0; g < kBatch; ++g) {
-      if (base + g < groups) acc += v[g];
+        for (int t = 0; t < TILES; ++t) {
+          if (n0[t] < 0) continue;
+          unsigned b[2];
+          LoadBFragment(b, b_lane + (k + c) * 16 * ldb + n0[t]);
+          Mma<T>(acc[c][t], a, b);
+        }
+      }
     }
   }
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float s = acc[0][t][j];
+#pragma unroll
+      for (int c = 1; c < CHAINS; ++c) s += acc[c][t][j];
+      out[t][j] = s;
+    }
+  }
+}
+
+// Four T at p (8-byte aligned, written by an earlier kernel) through the read-only path.
+template <typename T>
+__device__ __forceinline__ cuda::Vec<T, 4> LoadVec4(const T* p) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+  cuda::Vec<T, 4> v;
+  static_assert(sizeof(v) == sizeof(u), "four 16-bit values");
+  memcpy(&v, &u, sizeof(u));
+  return v;
+}
+
+// S for four features of one row (the prologue folded in and rounded, rounding point: S).
+template <typename T, bool PRO>
+__device__ __forceinline__ void LoadS4(const T* streams, const T* prev, float gate, float (&s)[4]) {
+  const cuda::Vec<T, 4> sv = LoadVec4<T>(streams);
+  cuda::Vec<T, 4> pv;
+  if constexpr (PRO) pv = LoadVec4<T>(prev);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    s[j] = ToFloat<T>(sv.v[j]);
+    if constexpr (PRO) s[j] = RoundToT<T>(cuda::PrologueS(s[j], gate, ToFloat<T>(pv.v[j])));
+  }
+}
+
+// sum over g = 0..groups-1 of p[g] in that order (p 16-byte aligned, written by stage 1).
+__device__ __forceinline__ float SumGroups(const float* p, int groups) {
+  float acc = 0.0f;
+  int g = 0;
+#pragma unroll 4
+  for (; g + 4 <= groups; g += 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p + g));
+    acc += v.x;
+    acc += v.y;
+    acc += v.z;
+    acc += v.w;
+  }
+  for (; g < groups; ++g) acc += __ldg(p + g);
   return acc;
 }
 
-// hn = S * (1 / sqrt(mean(S^2) + eps)) * norm_scale, in hcfuse.reference's order (rounded by the caller).
-__device__ __forceinline__ float InverseRms(float sum_sq, int H, float epsilon) {
-  return __fdiv_rn(1.0f, sqrtf(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(H)), epsilon)));
-}
+// ---- Shared-memory layouts (bytes), the same on host and device.
+struct Stage1Layout {
+  size_t tile, a, scale, s_slice, part_sum, red, total;
+  __host__ __device__ explicit Stage1Layout(const FastDims& d, int cluster) {
+    tile = 0;                                                       // T [ks][ldb1]
+    a = tile + size_t{2} * d.ks * d.ldb1;                           // T [16][lda1]
+    scale = a + size_t{2} * kRowTile * d.lda1;                      // T [ks]
+    s_slice = scale + (size_t{2} * d.ks + 15) / 16 * 16;            // f32 [16][ks]
+    part_sum = s_slice + size_t{4} * kRowTile * d.ks;               // f32 [parts][16]
+    red = part_sum + size_t{4} * kParts * kRowTile;                 // f32 [cluster][16][per1]
+    total = red + size_t{4} * cluster * kRowTile * d.per1;
+  }
+};
 
-// RC consecutive floats of shared memory (16-byte aligned when RC >= 4) into registers.
-template <int RC>
-__device__ __forceinline__ void LoadRows(const float* p, float (&v)[RC]) {
-  if constexpr (RC % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < RC; i += 4) {
-      const float4 q = *reinterpret_cast<const float4*>(p + i);
-      v[i] = q.x, v[i + 1] = q.y, v[i + 2] = q.z, v[i + 3] = q.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < RC; ++i) v[i] = p[i];
+struct Stage2Layout {
+  size_t tile, a, hn, g, total;
+  __host__ __device__ explicit Stage2Layout(const FastDims& d) {
+    tile = 0;                                         // T [rp][ldu]
+    a = tile + size_t{2} * d.rp * d.ldu;              // T [16][lda2]
+    hn = a + size_t{2} * kRowTile * d.lda2;           // T [16][n2]
+    g = hn + size_t{2} * kRowTile * d.n2;             // f32 [16][n2]
+    total = g + size_t{4} * kRowTile * d.n2;
   }
-}
-
-// Block GEMV on shared memory: red[g][i][n] = sum over k in group g's contiguous range of
-// x[k][i] * w[k][n] (x holds the RC rows of one k side by side), for column groups of 4, then
-// red[0] = sum over g in order. red is 16-byte aligned and ncols a multiple of 4.
-// Columns [0, n_a) come from w_a (row stride ld_a), [n_a, n_a + n_b) from w_b (row stride ld_b).
-template <typename T, int RC>
-__device__ __forceinline__ void BlockGemv(const float* x, const T* w_a, int n_a, int ld_a, const T* w_b, int n_b,
-                                          int ld_b, int kdim, int kg, float* red) {
-  const int ncols = n_a + n_b;
-  const int klen = kdim / kg;
-  const int ngroups = ncols / kVec;
-  for (int item = threadIdx.x; item < ngroups * kg; item += blockDim.x) {
-    // column groups fastest: a warp's lanes read one k row of w (no bank conflicts) and share x
-    const int col = (item % ngroups) * kVec;
-    const int g = item / ngroups;
-    const int ldw = col < n_a ? ld_a : ld_b;
-    const T* w = (col < n_a ? w_a + col : w_b + (col - n_a)) + g * klen * ldw;
-    const float* xk = x + g * klen * RC;
-    float acc[RC][kVec] = {};
-#pragma unroll 2
-    for (int k = 0; k < klen; ++k, w += ldw, xk += RC) {
-      float wv[kVec], xv[RC];
-      Load4<T>(w, wv);
-      LoadRows<RC>(xk, xv);
-#pragma unroll
-      for (int i = 0; i < RC; ++i) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) acc[i][j] = fmaf(xv[i], wv[j], acc[i][j]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < RC; ++i) {
-      *reinterpret_cast<float4*>(red + (g * RC + i) * ncols + col) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-    }
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < RC * ncols; idx += blockDim.x) {
-    float s = red[idx];
-    for (int g = 1; g < kg; ++g) s += red[g * RC * ncols + idx];
-    red[idx] = s;
-  }
-  __syncthreads();
-}
+};
 
 // ------------------------------------------------------------------------------------------------
-// Stage 1. Shared memory: down tile [ks][R] T | inject tile [ks][C] T | norm_scale [ks] T |
-// hn [ks][RC] f32 | S of the slice [RC][ks] f32 | red [kg1][RC][R + C] f32 (red[0] ends as this CTA's
-// partial) | inv_rms [RC] f32 | warp sums [32][RC] f32. PRO: the node has the prologue.
-template <typename T, int RC, int CL, bool PRO>
-__global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1Kernel(
+// Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue.
+template <typename T, int CL, bool PRO>
+__global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int ncols = d.R + d.C;
-  T* w_down = reinterpret_cast<T*>(smem);
-  T* w_inj = w_down + d.ks * d.R;
-  T* scale = w_inj + d.ks * d.C;
-  float* xs = reinterpret_cast<float*>(smem + (((d.ks * (d.R + d.C + 1)) * sizeof(T) + 15) / 16) * 16);
-  float* s_slice = xs + RC * d.ks;
-  float* red = s_slice + RC * d.ks;
-  float* inv_rms = red + d.kg1 * RC * ncols;
-  float* warp_sums = inv_rms + RC;
+  const Stage1Layout layout(d, CL);
+  T* tile = reinterpret_cast<T*>(smem + layout.tile);
+  T* a_tile = reinterpret_cast<T*>(smem + layout.a);
+  T* scale = reinterpret_cast<T*>(smem + layout.scale);
+  float* s_slice = reinterpret_cast<float*>(smem + layout.s_slice);
+  float* part_sum = reinterpret_cast<float*>(smem + layout.part_sum);
+  float* red = reinterpret_cast<float*>(smem + layout.red);
 
-  const int branch = blockIdx.x / d.ctas_per_branch;
-  const int h0 = (blockIdx.x % d.ctas_per_branch) * d.ks;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, num_warps = blockDim.x >> 5;
+  const int branch = blockIdx.x / d.cpb;
+  const int h0 = (blockIdx.x % d.cpb) * d.ks;
   const int k0 = branch * d.H + h0;
+  const int rank = CL > 1 ? ClusterRank() : 0;
+
+  // The tile's columns past [down | inject] and the A tile are never copied into: zero them once
+  // (zero inject columns keep the padded mma tile exact; the A tile's unused rows stay finite).
+  const int pad_cols = d.ldb1 - d.np;
+  for (int idx = tid; idx < d.ks * pad_cols; idx += blockDim.x) {
+    tile[(idx / pad_cols) * d.ldb1 + d.np + idx % pad_cols] = FromFloat<T>(0.0f);
+  }
+  for (int idx = tid; idx < kRowTile * d.lda1; idx += blockDim.x) a_tile[idx] = FromFloat<T>(0.0f);
+
   auto load_weights = [&] {
-    CpAsyncContiguous<16>(w_down, args.down_weight + static_cast<size_t>(k0) * d.R, d.ks * d.R * sizeof(T));
-    CpAsyncContiguous<16>(w_inj, args.inject_weight + static_cast<size_t>(k0) * d.C, d.ks * d.C * sizeof(T));
-    CpAsyncContiguous<8>(scale, args.norm_scale + k0, d.ks * sizeof(T));
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    const int chunks = d.R / 8;  // 16-byte pieces of a down_weight row
+    for (int idx = tid; idx < d.ks * chunks; idx += blockDim.x) {
+      const int k = idx / chunks, j = (idx % chunks) * 8;
+      CpAsync<16>(tile + k * d.ldb1 + j, args.down_weight + static_cast<size_t>(k0 + k) * d.R + j);
+    }
+    const int pieces = d.C / 4;  // 8-byte pieces of an inject_weight row
+    for (int idx = tid; idx < d.ks * pieces; idx += blockDim.x) {
+      const int k = idx / pieces, j = (idx % pieces) * 4;
+      CpAsync<8>(tile + k * d.ldb1 + d.R + j, args.inject_weight + static_cast<size_t>(k0 + k) * d.C + j);
+    }
+    for (int idx = tid; idx < d.ks / 4; idx += blockDim.x) CpAsync<8>(scale + idx * 4, args.norm_scale + k0 + idx * 4);
+    CpAsyncCommit();
   };
   if (weights_are_constant) load_weights();
   ReleaseDependents();  // stage 2 may become resident now and prefetch its weights
-  WaitOnProducer();     // streams / prev_* come from upstream nodes; scratch was read by the last stage 2
+  if constexpr (CL > 1) ClusterArriveRelaxed();
+  WaitOnProducer();  // streams / prev_* come from upstream nodes; scratch was read by the last stage 2
   if (!weights_are_constant) load_weights();
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
-  for (int r0 = 0; r0 < d.rows; r0 += RC) {
-    const int nr = min(RC, d.rows - r0);
-    // Sum of squares of S over the branch, per row: strided per thread (all rows' loads issued
-    // before any use), butterfly, warps in order. The slice's S values stay in shared memory.
-    // Padding rows of the chunk repeat the last row (cheap L1/L2 hits, no branches); unused.
-    float ss[RC], gate[RC];
-    const T* srow[RC];
-    const T* prow[RC];
-#pragma unroll
-    for (int i = 0; i < RC; ++i) {
-      const size_t row = r0 + min(i, nr - 1);
-      ss[i] = 0.0f;
-      srow[i] = args.streams + row * d.K + branch * d.H;
-      prow[i] = PRO ? args.prev_block_output + row * d.H : nullptr;
-      gate[i] = PRO ? ToFloat<T>(args.prev_post_gate[row * d.C + branch]) : 0.0f;
-    }
-    for (int h = threadIdx.x * kVec; h < d.H; h += blockDim.x * kVec) {
-      cuda::Vec<T, kVec> sv[RC], pv[RC];
-#pragma unroll
-      for (int i = 0; i < RC; ++i) {
-        sv[i] = cuda::LoadVec<T, kVec>(srow[i] + h);
-        if constexpr (PRO) pv[i] = cuda::LoadVec<T, kVec>(prow[i] + h);
-      }
-      const bool in_slice = h >= h0 && h < h0 + d.ks;
-#pragma unroll
-      for (int i = 0; i < RC; ++i) {
-        float sq[kVec];
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          float s = ToFloat<T>(sv[i].v[j]);
-          if constexpr (PRO) s = RoundToT<T>(cuda::PrologueS(s, gate[i], ToFloat<T>(pv[i].v[j])));  // rounding point: S
-          ss[i] = __fadd_rn(ss[i], __fmul_rn(s, s));
-          sq[j] = s;
-        }
-        if (in_slice) *reinterpret_cast<float4*>(s_slice + i * d.ks + h - h0) = make_float4(sq[0], sq[1], sq[2], sq[3]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < RC; ++i) ss[i] = cuda::WarpSum(ss[i]);
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < RC; ++i) warp_sums[warp * RC + i] = ss[i];
-    }
-    if (r0 == 0) CpAsyncWaitAll();
-    __syncthreads();
-    if (threadIdx.x < RC) {
-      float total = 0.0f;
-      for (int w = 0; w < num_warps; ++w) total += warp_sums[w * RC + threadIdx.x];
-      inv_rms[threadIdx.x] = InverseRms(total, d.H, d.epsilon);
-    }
-    __syncthreads();
-    // hn of the slice (zero for the padding rows of the chunk), streams_out of the slice.
-    for (int idx = threadIdx.x; idx < RC * d.ks; idx += blockDim.x) {
-      const int i = idx / d.ks, kk = idx % d.ks;
-      float hn = 0.0f;
-      if (i < nr) {
-        const size_t row = r0 + i;
-        const float s = s_slice[idx];
-        hn = RoundToT<T>(__fmul_rn(__fmul_rn(s, inv_rms[i]), ToFloat<T>(scale[kk])));  // rounding point: hn
-        hn_out[row * d.K + k0 + kk] = FromFloat<T>(hn);
-        if (args.streams_out != nullptr) args.streams_out[row * d.K + k0 + kk] = FromFloat<T>(s);
-      }
-      xs[kk * RC + i] = hn;
-    }
-    __syncthreads();
-    BlockGemv<T, RC>(xs, w_down, d.R, d.R, w_inj, d.C, d.C, d.ks, d.kg1, red);
+  const int L = d.H / kParts;              // features in one part of a branch
+  const int parts_here = d.ss_local ? kParts : 1;  // cluster mode: this rank's part only
+  const int ksteps = d.ks / 16;
+  const int ntiles = d.R / 8 + 1;          // down's column tiles, then inject's (padded)
+  const int c_begin = rank * d.per1, c_len = max(0, min(d.np, c_begin + d.per1) - c_begin);
+  const int group = blockIdx.x / CL;
 
-    // red[0] = this CTA's partial [RC][R + C]; reduce the cluster's partials rank by rank.
+  for (int r0 = 0; r0 < d.rows; r0 += kRowTile) {
+    const int nr = min(kRowTile, d.rows - r0);
     if constexpr (CL > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      namespace cg = cooperative_groups;
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();
-      const int rank = static_cast<int>(cluster.block_rank());
-      const int per_rank = (ncols + CL - 1) / CL;
-      const int n_begin = rank * per_rank, n_len = max(0, min(ncols, n_begin + per_rank) - n_begin);
-      float* out = partials + static_cast<size_t>(blockIdx.x / CL) * d.rows * ncols;
-      for (int idx = threadIdx.x; idx < nr * n_len; idx += blockDim.x) {
-        const int i = idx / n_len, n = n_begin + idx % n_len;
-        float s = *cluster.map_shared_rank(red + i * ncols + n, 0);
-        for (int q = 1; q < CL; ++q) s += *cluster.map_shared_rank(red + i * ncols + n, q);
-        out[static_cast<size_t>(r0 + i) * ncols + n] = s;
+      if (r0 == 0) {
+        ClusterWait();  // the peers run: DSMEM may be written
+      } else if (d.ss_local) {
+        ClusterSync();  // peers are done reading this CTA's red of the last pass
       }
-      cluster.sync();  // peers are done reading red before it is reused or the CTA exits
-#else
-      __trap();
-#endif
+    } else if (r0 > 0) {
+      __syncthreads();  // red of the last pass is read
+    }
+
+    // A: one warp per (part, row) pair sums that part's squares (lane-strided, then a butterfly),
+    // and one warp per row forms S of the slice (kept in shared memory, copied to streams_out).
+    const int part_pairs = parts_here * nr;
+    for (int pair = warp; pair < part_pairs + nr; pair += num_warps) {
+      const int i = pair < part_pairs ? pair / parts_here : pair - part_pairs;
+      const size_t row = r0 + i;
+      const T* srow = args.streams + row * d.K + branch * d.H;
+      const T* prow = PRO ? args.prev_block_output + row * d.H : nullptr;
+      const float gate = PRO ? ToFloat<T>(args.prev_post_gate[row * d.C + branch]) : 0.0f;
+      if (pair < part_pairs) {
+        const int p = d.ss_local ? pair % parts_here : rank;
+        float ss = 0.0f;
+#pragma unroll 4
+        for (int q = lane * 4; q < L; q += 128) {
+          float s[4];
+          LoadS4<T, PRO>(srow + p * L + q, PRO ? prow + p * L + q : nullptr, gate, s);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) ss = cuda::MulAdd(s[j], s[j], ss);
+        }
+        ss = cuda::WarpSum(ss);
+        if (lane == 0) {
+          if (d.ss_local || CL == 1) {
+            part_sum[p * kRowTile + i] = ss;
+          } else {
+            for (int dst = 0; dst < CL; ++dst) *PeerShared(part_sum + p * kRowTile + i, dst) = ss;
+          }
+        }
+      } else {
+        for (int q = lane * 4; q < d.ks; q += 128) {
+          float s[4];
+          LoadS4<T, PRO>(srow + h0 + q, PRO ? prow + h0 + q : nullptr, gate, s);
+          *reinterpret_cast<float4*>(s_slice + i * d.ks + q) = make_float4(s[0], s[1], s[2], s[3]);
+          if (args.streams_out != nullptr) {
+            cuda::Vec<T, 4> out;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) out.v[j] = FromFloat<T>(s[j]);
+            cuda::StoreVec<T, 4>(args.streams_out + row * d.K + k0 + q, out);
+          }
+        }
+      }
+    }
+    if (r0 == 0) CpAsyncWaitAll();  // the weight tile and norm_scale
+    if (CL > 1 && !d.ss_local) {
+      ClusterSync();  // every rank's part sums have arrived
     } else {
-      float* out = partials + static_cast<size_t>(blockIdx.x) * d.rows * ncols;
-      for (int idx = threadIdx.x; idx < nr * ncols; idx += blockDim.x) {
-        out[static_cast<size_t>(r0) * ncols + idx] = red[idx];
-      }
       __syncthreads();
+    }
+
+    // B: hn of the slice (rounding point: hn) into the A tile and to scratch.
+    for (int idx = tid; idx < nr * (d.ks / 4); idx += blockDim.x) {
+      const int i = idx / (d.ks / 4), q = (idx % (d.ks / 4)) * 4;
+      float sum_sq = 0.0f;
+#pragma unroll
+      for (int p = 0; p < kParts; ++p) sum_sq += part_sum[p * kRowTile + i];
+      const float inv_rms = cuda::BranchInvRms(sum_sq, d.H, d.epsilon);
+      const float4 s = *reinterpret_cast<const float4*>(s_slice + i * d.ks + q);
+      const float sv[4] = {s.x, s.y, s.z, s.w};
+      cuda::Vec<T, 4> hn;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) hn.v[j] = FromFloat<T>(cuda::NormalizeHn(sv[j], inv_rms, ToFloat<T>(scale[q + j])));
+      cuda::StoreVec<T, 4>(a_tile + i * d.lda1 + q, hn);
+      cuda::StoreVec<T, 4>(hn_out + static_cast<size_t>(r0 + i) * d.K + k0 + q, hn);
+    }
+    __syncthreads();
+
+    // C: [down | inject] of the slice on tensor cores, four column tiles per warp; each value goes
+    // to the rank that reduces its column, into that rank's red[this rank][row][column].
+    for (int t0 = warp; t0 < ntiles; t0 += 4 * num_warps) {
+      int n0[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) n0[u] = t0 + u * num_warps < ntiles ? (t0 + u * num_warps) * 8 : -1;
+      float acc[4][4];
+      WarpMma<T, 4, 1>(a_tile, d.lda1, tile, d.ldb1, ksteps, n0, acc);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (n0[u] < 0) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = (lane >> 2) + (e >> 1) * 8;
+          const int col = n0[u] + (lane & 3) * 2 + (e & 1);
+          if (i >= nr || col >= d.np) continue;
+          const int owner = col / d.per1;
+          float* dst = red + (rank * kRowTile + i) * d.per1 + col - owner * d.per1;
+          if constexpr (CL > 1) dst = PeerShared(dst, owner);
+          *dst = acc[u][e];
+        }
+      }
+    }
+    if constexpr (CL > 1) {
+      ClusterSync();  // every rank's share of this rank's columns has arrived
+    } else {
+      __syncthreads();
+    }
+
+    // D: this rank's columns summed over the ranks in order -> the cluster's partial.
+    for (int idx = tid; idx < nr * c_len; idx += blockDim.x) {
+      const int i = idx / c_len, c = idx % c_len;
+      float s = 0.0f;
+#pragma unroll
+      for (int src = 0; src < CL; ++src) s += red[(src * kRowTile + i) * d.per1 + c];
+      partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = s;
     }
   }
 }
 
 // ------------------------------------------------------------------------------------------------
-// Stage 2. Shared memory: up tile [R][C*hs] T | hn of the CTA's columns [RC][C*hs] T |
-// hidden [R][RC] f32 | red [kg2][RC][C*hs] f32.
-template <typename T, int RC, int CL>
+// Stage 2.
+template <typename T, int CL>
 __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     HcFastArgs<T> args, FastDims d, const float* __restrict__ partials, const T* __restrict__ hn_in,
     bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int ncols = d.C * d.hs;
-  const int pcols = d.R + d.C;  // columns of a partial row
-  const int segs = d.hs / kVec;  // 8-byte pieces of one branch's hs features
-  T* w_up = reinterpret_cast<T*>(smem);
-  T* hn_s = w_up + d.R * ncols;
-  float* hid = reinterpret_cast<float*>(smem + (((d.R + RC) * ncols * sizeof(T) + 15) / 16) * 16);
-  float* red = hid + RC * d.R;
+  const Stage2Layout layout(d);
+  T* tile = reinterpret_cast<T*>(smem + layout.tile);
+  T* a_tile = reinterpret_cast<T*>(smem + layout.a);
+  T* hn_s = reinterpret_cast<T*>(smem + layout.hn);
+  float* g_s = reinterpret_cast<float*>(smem + layout.g);
 
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, num_warps = blockDim.x >> 5;
   const int h0 = blockIdx.x * d.hs;
+  const int rank = CL > 1 ? ClusterRank() : 0;
+  const int segs = d.hs / 4;  // 8-byte pieces of one branch's hs features
+
+  // Rows R..rp of the tile and columns R..rp of the A tile pad K to whole mma steps: zero.
+  for (int idx = tid; idx < (d.rp - d.R) * d.ldu; idx += blockDim.x) tile[d.R * d.ldu + idx] = FromFloat<T>(0.0f);
+  for (int idx = tid; idx < kRowTile * d.lda2; idx += blockDim.x) a_tile[idx] = FromFloat<T>(0.0f);
+
   auto load_weights = [&] {
     const int pieces = d.C * segs;  // 8-byte pieces in one row of the tile
-    const int t = threadIdx.x;
-    if (pieces <= static_cast<int>(blockDim.x)) {
-      // each thread keeps one piece and walks down the rows (no index division per copy)
-      const int step = blockDim.x / pieces;
-      if (t < step * pieces) {
-        const int p = t % pieces, c = p / segs, j = (p % segs) * kVec;
-        T* dst = w_up + c * d.hs + j;
-        const T* src = args.up_weight + c * d.H + h0 + j;
-        for (int r = t / pieces; r < d.R; r += step) CpAsync<8>(dst + r * ncols, src + static_cast<size_t>(r) * d.K);
-      }
-    } else {
-      for (int idx = t; idx < d.R * pieces; idx += blockDim.x) {
-        const int r = idx / pieces, p = idx % pieces, c = p / segs, j = (p % segs) * kVec;
-        CpAsync<8>(w_up + r * ncols + c * d.hs + j, args.up_weight + static_cast<size_t>(r) * d.K + c * d.H + h0 + j);
-      }
+    for (int idx = tid; idx < d.R * pieces; idx += blockDim.x) {
+      const int r = idx / pieces, p = idx % pieces, c = p / segs, j = (p % segs) * 4;
+      CpAsync<8>(tile + r * d.ldu + c * d.hs + j, args.up_weight + static_cast<size_t>(r) * d.K + c * d.H + h0 + j);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    CpAsyncCommit();
   };
   if (weights_are_constant) load_weights();
   ReleaseDependents();
+  if constexpr (CL > 1) ClusterArriveRelaxed();
   WaitOnProducer();  // stage 1's partials and hn
   if (!weights_are_constant) load_weights();
 
-  int r_begin = 0, r_len = d.R;  // the slice of R whose hidden values this CTA computes
-  if constexpr (CL > 1) {
-    const int per_rank = (d.R + CL - 1) / CL;
-    r_begin = static_cast<int>(blockIdx.x % CL) * per_rank;
-    r_len = max(0, min(d.R, r_begin + per_rank) - r_begin);
-  }
+  const bool share = CL > 1 && !d.hidden_local;  // hidden slices pushed to the cluster's peers
+  const int r_begin = share ? rank * d.per2 : 0;
+  const int r_len = share ? max(0, min(d.R, r_begin + d.per2) - r_begin) : d.R;
   const int gate_items = blockIdx.x == 0 ? d.C : 0;  // CTA 0 also computes post_gate
-  for (int r0 = 0; r0 < d.rows; r0 += RC) {
-    const int nr = min(RC, d.rows - r0);
-    // hn of this CTA's columns for the pre-mix, in flight while the partials are reduced
-    for (int idx = threadIdx.x; idx < nr * d.C * segs; idx += blockDim.x) {
-      const int i = idx / (d.C * segs), rem = idx % (d.C * segs);
-      const int c = rem / segs, j = (rem % segs) * kVec;
-      CpAsync<8>(hn_s + i * ncols + c * d.hs + j, hn_in + static_cast<size_t>(r0 + i) * d.K + c * d.H + h0 + j);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    // down -> hidden for this rank's slice of R, and (CTA 0) inject -> post_gate, side by side.
-    for (int idx = threadIdx.x; idx < RC * (r_len + gate_items); idx += blockDim.x) {
-      const int i = idx / (r_len + gate_items), col = idx % (r_len + gate_items);
-      const size_t stride = static_cast<size_t>(d.rows) * pcols;
-      if (col < r_len) {
-        const int r = r_begin + col;
-        float hidden = 0.0f;
-        if (i < nr) {
-          const float down = RoundToT<T>(SumPartials(partials + static_cast<size_t>(r0 + i) * pcols + r, stride,
-                                                     d.groups));  // rounding point: down
-          hidden = cuda::ScaledSilu<T>(down, d.silu_alpha);  // rounding points: Z, SG, hidden
-        }
-        hid[r * RC + i] = hidden;
-      } else if (i < nr) {
-        const int c = col - r_len;
-        const float inject = RoundToT<T>(SumPartials(partials + static_cast<size_t>(r0 + i) * pcols + d.R + c, stride,
-                                                     d.groups));  // rounding point: inject
-        args.post_gate[static_cast<size_t>(r0 + i) * d.C + c] =
-            FromFloat<T>(cuda::PostGate(inject, d.gate_div, d.gate_mul));  // rounding point: post_gate
-      }
-    }
+  const int items = r_len + gate_items;
+  for (int r0 = 0; r0 < d.rows; r0 += kRowTile) {
+    const int nr = min(kRowTile, d.rows - r0);
     if constexpr (CL > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      namespace cg = cooperative_groups;
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();
-      const int per_rank = (d.R + CL - 1) / CL;
-      for (int r = threadIdx.x; r < d.R; r += blockDim.x) {
-        const int owner = r / per_rank;
-        if (owner == static_cast<int>(cluster.block_rank())) continue;
-        float v[RC];
-        LoadRows<RC>(cluster.map_shared_rank(hid + r * RC, owner), v);
-#pragma unroll
-        for (int i = 0; i < RC; ++i) hid[r * RC + i] = v[i];
+      if (r0 == 0) {
+        ClusterWait();
+      } else if (share) {
+        ClusterSync();  // peers are done with their A tiles of the last pass
       }
-      cluster.sync();  // every rank has its copy before anyone overwrites its slice or exits
-#else
-      __trap();
-#endif
     }
-    CpAsyncWaitAll();  // the up tile (first chunk) and hn
+    // hn of this CTA's columns for the pre-mix, in flight while the partials are added
+    for (int idx = tid; idx < nr * d.C * segs; idx += blockDim.x) {
+      const int i = idx / (d.C * segs), p = idx % (d.C * segs), c = p / segs, j = (p % segs) * 4;
+      CpAsync<8>(hn_s + i * d.n2 + c * d.hs + j, hn_in + static_cast<size_t>(r0 + i) * d.K + c * d.H + h0 + j);
+    }
+    CpAsyncCommit();
+    // down -> hidden for this CTA's share of R (rounding points: down, Z, SG, hidden), and (CTA 0)
+    // inject -> post_gate (rounding points: inject, post_gate).
+    for (int idx = tid; idx < nr * items; idx += blockDim.x) {
+      const int i = idx / items, col = idx % items;
+      const int n = col < r_len ? r_begin + col : d.R + (col - r_len);
+      const float v = RoundToT<T>(SumGroups(partials + (static_cast<size_t>(r0 + i) * d.np + n) * d.g4, d.groups));
+      if (col < r_len) {
+        a_tile[i * d.lda2 + n] = FromFloat<T>(cuda::ScaledSilu<T>(v, d.silu_alpha));
+      } else {
+        args.post_gate[static_cast<size_t>(r0 + i) * d.C + (n - d.R)] =
+            FromFloat<T>(cuda::PostGate(v, d.gate_div, d.gate_mul));
+      }
+    }
+    CpAsyncWaitAll();  // the weight tile (first pass) and hn
     __syncthreads();
-    BlockGemv<T, RC>(hid, w_up, ncols, ncols, w_up, 0, ncols, d.R, d.kg2, red);
-    // red[0][i][j] = up (fp32) of column j = c * hs + hh.
-    for (int idx = threadIdx.x; idx < RC * ncols; idx += blockDim.x) {
-      const float up = RoundToT<T>(red[idx]);     // rounding point: up
-      red[idx] = RoundToT<T>(cuda::Sigmoid(up));  // rounding point: g
+    if (share) {
+      const int vecs = r_len / 8;  // 16-byte pieces of this rank's slice of a row
+      for (int idx = tid; idx < (CL - 1) * nr * vecs; idx += blockDim.x) {
+        int dst = idx / (nr * vecs);
+        dst += dst >= rank;
+        const int i = (idx % (nr * vecs)) / vecs, off = i * d.lda2 + r_begin + (idx % vecs) * 8;
+        *reinterpret_cast<uint4*>(PeerShared(a_tile + off, dst)) = *reinterpret_cast<const uint4*>(a_tile + off);
+      }
+      ClusterSync();  // every rank's slice has arrived
+    }
+
+    // up on tensor cores, one column tile per warp (four k chains), then g (rounding points: up, g).
+    for (int t = warp; t < d.n2 / 8; t += num_warps) {
+      const int n0[1] = {t * 8};
+      float acc[1][4];
+      WarpMma<T, 1, 4>(a_tile, d.lda2, tile, d.ldu, d.rp / 16, n0, acc);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = (lane >> 2) + (e >> 1) * 8;
+        if (i < nr) g_s[i * d.n2 + n0[0] + (lane & 3) * 2 + (e & 1)] = RoundToT<T>(cuda::Sigmoid(RoundToT<T>(acc[0][e])));
+      }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < nr * d.hs; idx += blockDim.x) {
+    for (int idx = tid; idx < nr * d.hs; idx += blockDim.x) {
       const int i = idx / d.hs, hh = idx % d.hs;
       float mix = 0.0f;
       for (int c = 0; c < d.C; ++c) {
-        const int j = i * ncols + c * d.hs + hh;
-        mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), red[j]));
+        const int j = i * d.n2 + c * d.hs + hh;
+        mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), g_s[j]));
       }
       args.pre_output[static_cast<size_t>(r0 + i) * d.H + h0 + hh] =
           FromFloat<T>(__fmul_rn(d.reduction_scale, mix));  // rounding point: pre_output
     }
-    __syncthreads();  // red, hid and hn_s are rewritten by the next chunk
+    if (r0 + kRowTile < d.rows) __syncthreads();  // hn_s, g_s and the A tile are rewritten next pass
   }
 }
 
 // ------------------------------------------------------------------------------------------------
 // Host side.
 
-// Largest divisor of n with ncol_groups * divisor <= threads (the GEMV's k groups).
-int KGroups(int n, int ncol_groups, int threads) {
-  int best = 1;
-  for (int g = 1; g <= n && g * ncol_groups <= threads; ++g) {
-    if (n % g == 0) best = g;
-  }
-  return best;
-}
-
-FastDims MakeDims(const HcLowRankMixParams& p, int cluster) {
+FastDims MakeDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& tuning) {
   FastDims d{};
   d.rows = static_cast<int>(p.rows);
   d.C = static_cast<int>(p.C);
   d.H = static_cast<int>(p.H);
   d.R = static_cast<int>(p.R);
   d.K = d.C * d.H;
-  d.ctas_per_branch = static_cast<int>(HcFastStage1CtasPerBranch(p, cluster));
-  d.ks = d.ctas_per_branch > 0 ? d.H / d.ctas_per_branch : 0;
-  d.kg1 = d.ks > 0 ? KGroups(d.ks, (d.R + d.C) / kVec, kStage1Threads) : 1;
+  d.np = d.R + d.C;
+  d.cpb = static_cast<int>(HcFastStage1CtasPerBranch(p, cluster));
+  d.ks = d.cpb > 0 ? d.H / d.cpb : 0;
+  d.ldb1 = static_cast<int>(HcFastPaddedStride(p.R + 8));
+  d.lda1 = static_cast<int>(HcFastPaddedStride(d.ks));
+  d.per1 = (d.np + cluster - 1) / cluster;
+  d.groups = d.cpb * d.C / cluster;
+  d.g4 = static_cast<int>(HcFastRoundUp(d.groups, 4));
   const int ctas2 = static_cast<int>(HcFastStage2Ctas(p, cluster));
   d.hs = ctas2 > 0 ? d.H / ctas2 : 0;
-  d.kg2 = KGroups(d.R, d.C * d.hs / kVec, kStage2Threads);
-  d.groups = d.ctas_per_branch * d.C / cluster;
+  d.n2 = d.C * d.hs;
+  d.ldu = static_cast<int>(HcFastPaddedStride(d.n2));
+  d.rp = static_cast<int>(HcFastRoundUp(p.R, 16));
+  d.lda2 = static_cast<int>(HcFastPaddedStride(d.rp));
+  d.per2 = static_cast<int>(HcFastRoundUp((p.R + cluster - 1) / cluster, 8));
+  // Cluster part sums need a cluster within one branch (cpb a multiple of the parts).
+  d.ss_local = cluster != kParts || d.cpb % kParts != 0 || p.rows <= tuning.ss_local_max_rows;
+  d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
   d.has_prologue = p.has_prologue;
   d.epsilon = p.epsilon;
   d.reduction_scale = p.reduction_scale;
@@ -460,21 +590,8 @@ FastDims MakeDims(const HcLowRankMixParams& p, int cluster) {
 
 size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Partials for the worst case of both cluster sizes (at most C * ceil(128 / C) stage 1 CTAs).
-size_t PartialBytes(const HcLowRankMixParams& p) {
-  const size_t max_ctas = static_cast<size_t>(p.C) * ((128 + p.C - 1) / p.C);
-  return Align256(max_ctas * p.rows * (p.R + p.C) * sizeof(float));
-}
-
-size_t Stage1SmemBytes(const FastDims& d, int rc) {
-  const size_t tiles = ((static_cast<size_t>(d.ks) * (d.R + d.C + 1) * 2 + 15) / 16) * 16;
-  return tiles + sizeof(float) * (2 * static_cast<size_t>(rc) * d.ks + static_cast<size_t>(d.kg1) * rc * (d.R + d.C) +
-                                  rc + 32 * rc);
-}
-
-size_t Stage2SmemBytes(const FastDims& d, int rc) {
-  const size_t tile = ((static_cast<size_t>(d.R + rc) * d.C * d.hs * 2 + 15) / 16) * 16;
-  return tile + sizeof(float) * (static_cast<size_t>(rc) * d.R + static_cast<size_t>(d.kg2) * rc * d.C * d.hs);
+size_t PartialBytes(const HcLowRankMixParams& p, const FastDims& d) {
+  return Align256(static_cast<size_t>(p.rows) * d.np * d.g4 * sizeof(float));
 }
 
 template <typename Kernel, typename... Args>
@@ -506,57 +623,40 @@ cudaError_t Launch(Kernel kernel, int grid, int threads, size_t smem, int cluste
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
-template <typename T, int RC, int CL>
+template <typename T, int CL>
 cudaError_t LaunchStages(const HcFastArgs<T>& args, const FastDims& d, float* partials, T* hn, cudaStream_t stream,
                          bool weights_are_constant, bool use_pdl) {
-  const auto stage1 = d.has_prologue ? HcFastStage1Kernel<T, RC, CL, true> : HcFastStage1Kernel<T, RC, CL, false>;
-  cudaError_t err = Launch(stage1, d.ctas_per_branch * d.C, kStage1Threads, Stage1SmemBytes(d, RC), CL, use_pdl,
-                           stream, args, d, partials, hn, weights_are_constant);
+  const auto stage1 = d.has_prologue ? HcFastStage1Kernel<T, CL, true> : HcFastStage1Kernel<T, CL, false>;
+  cudaError_t err = Launch(stage1, d.cpb * d.C, kStage1Threads, Stage1Layout(d, CL).total, CL, use_pdl, stream, args,
+                           d, partials, hn, weights_are_constant);
   if (err != cudaSuccess) return err;
-  return Launch(HcFastStage2Kernel<T, RC, CL>, d.H / d.hs, kStage2Threads, Stage2SmemBytes(d, RC), CL, use_pdl,
-                stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
-}
-
-// The row chunk RC of a call with `rows` rows (DispatchRows' template argument).
-int RowChunk(int64_t rows) { return rows == 1 ? 1 : rows == 2 ? 2 : rows <= 4 ? 4 : kMaxRowChunk; }
-
-template <typename T, int CL>
-cudaError_t DispatchRows(const HcFastArgs<T>& args, const FastDims& d, float* partials, T* hn, cudaStream_t stream,
-                         bool weights_are_constant, bool use_pdl) {
-  static_assert(kMaxRowChunk == 8, "the row-chunk dispatch below covers 1, 2, 4, 8");
-  switch (RowChunk(d.rows)) {
-    case 1: return LaunchStages<T, 1, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-    case 2: return LaunchStages<T, 2, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-    case 4: return LaunchStages<T, 4, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-    default: return LaunchStages<T, 8, CL>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-  }
+  return Launch(HcFastStage2Kernel<T, CL>, d.H / d.hs, kStage2Threads, Stage2Layout(d).total, CL, use_pdl, stream,
+                args, d, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
 }
 
 }  // namespace
 
 size_t HcFastScratchBytes(const HcLowRankMixParams& params) {
   if (params.rows == 0) return 0;
-  return PartialBytes(params) + Align256(static_cast<size_t>(params.rows) * params.width() * 2);
+  // the larger of the two cluster configurations' partials (sm_80 keeps one partial per CTA)
+  const FastDims d = MakeDims(params, 1, HcFastTuning{});
+  return PartialBytes(params, d) + Align256(static_cast<size_t>(params.rows) * params.width() * 2);
 }
 
 size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major) {
-  if (params.rows == 0 || !IsHcFastPathSupported(params, sm_major, 0, 2)) return 0;
-  const FastDims d = MakeDims(params, static_cast<int>(HcFastClusterSize(sm_major)));
-  const int rc = RowChunk(params.rows);
-  return std::max(Stage1SmemBytes(d, rc), Stage2SmemBytes(d, rc));
+  if (!IsHcFastPathSupported(params, sm_major, 0, 2)) return 0;
+  const int cluster = static_cast<int>(HcFastClusterSize(sm_major));
+  const FastDims d = MakeDims(params, cluster, HcFastTuning{});
+  return std::max(Stage1Layout(d, cluster).total, Stage2Layout(d).total);
 }
 
 template <typename T>
 cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& params, void* scratch,
-                         size_t scratch_bytes, cudaStream_t stream, bool weights_are_constant, bool use_pdl) {
+                         size_t scratch_bytes, cudaStream_t stream, bool weights_are_constant, bool use_pdl,
+                         int sm_major, const HcFastTuning& tuning) {
   static_assert(sizeof(T) == 2, "the fast path is for float16 and bfloat16");
   if (params.rows == 0) return cudaSuccess;
-  int device = 0, sm_major = 0, sm_minor = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sm_major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sm_minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (err != cudaSuccess) return err;
-  if (!IsHcFastPathSupported(params, sm_major, sm_minor, static_cast<int>(sizeof(T))) ||
+  if (!IsHcFastPathSupported(params, sm_major, 0, static_cast<int>(sizeof(T))) ||
       params.rows > (int64_t{1} << 24) || scratch_bytes < HcFastScratchBytes(params) ||
       !HcFastPointersAligned({args.streams, args.norm_scale, args.down_weight, args.up_weight, args.inject_weight,
                               args.prev_block_output, args.prev_post_gate, args.pre_output, args.post_gate,
@@ -564,17 +664,17 @@ cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& pa
     return cudaErrorInvalidValue;
   }
   const int cluster = static_cast<int>(HcFastClusterSize(sm_major));
-  const FastDims d = MakeDims(params, cluster);
+  const FastDims d = MakeDims(params, cluster, tuning);
   float* partials = static_cast<float*>(scratch);
-  T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + PartialBytes(params));
+  T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + PartialBytes(params, d));
   use_pdl = use_pdl && HcFastUsesSm90Features(sm_major);
-  if (cluster > 1) return DispatchRows<T, kHcFastClusterSize>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-  return DispatchRows<T, 1>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+  if (cluster > 1) return LaunchStages<T, kHcFastClusterSize>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+  return LaunchStages<T, 1>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
 }
 
 template cudaError_t LaunchHcFast<__half>(const HcFastArgs<__half>&, const HcLowRankMixParams&, void*, size_t,
-                                          cudaStream_t, bool, bool);
+                                          cudaStream_t, bool, bool, int, const HcFastTuning&);
 template cudaError_t LaunchHcFast<__nv_bfloat16>(const HcFastArgs<__nv_bfloat16>&, const HcLowRankMixParams&, void*,
-                                                 size_t, cudaStream_t, bool, bool);
+                                                 size_t, cudaStream_t, bool, bool, int, const HcFastTuning&);
 
 }  // namespace hcfuse

@@ -1,7 +1,8 @@
 // Fused fast decode path of HyperConnectionLowRankMix (fp16 / bf16, sm_80+, PDL on sm_90).
 // Two kernels: stage 1 splits K = C*H over ~128 CTAs (prologue, per-branch RMS norm, down and inject
-// GEMV slices, fp32 partials reduced inside a thread-block cluster); stage 2 splits the H features
-// over ~128 CTAs (fixed-order partial reduction, ScaledSiLU, up GEMV, sigmoid, pre-mix, post_gate).
+// products on tensor cores, fp32 partials reduced inside a thread-block cluster); stage 2 splits the
+// H features over ~128 CTAs (fixed-order partial reduction, ScaledSiLU, up product on tensor cores,
+// sigmoid, pre-mix, post_gate). Rows go through in tiles of 16 (the mma's M).
 // Shapes it supports: hc_fast_path_eligibility.h. Launcher declarations only; no ORT type here.
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "cuda/hc_fast_path_eligibility.h"
 #include "cuda/hc_lowrank_mix_cuda.h"
 #include "hcfuse/hc_params.h"
 
@@ -24,26 +26,28 @@ using HcFastArgs = cuda::HcDeviceTensors<T>;
 // The glue allocates it through ORT's allocator and passes it to LaunchHcFast.
 size_t HcFastScratchBytes(const HcLowRankMixParams& params);
 
-// Bytes of dynamic shared memory per block the larger of the two kernels takes for this call on a
-// device of compute capability sm_major (it grows with the row chunk); 0 for a call the fast path does
-// not support. The glue compares it with the device's cudaDevAttrMaxSharedMemoryPerBlockOptin (99 KB on
-// sm_86 and sm_89, where the real shape needs more from 5 rows on).
+// Bytes of dynamic shared memory per block the larger of the two kernels takes for this shape on a
+// device of compute capability sm_major (independent of the row count); 0 for a call the fast path
+// does not support. The glue compares it with the device's cudaDevAttrMaxSharedMemoryPerBlockOptin.
 size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major);
 
 // Enqueues the two kernels on `stream` (no host synchronization; CUDA-graph capturable).
 // weights_are_constant: norm_scale / down / up / inject are constant initializers, so the kernels may
 //   read them before waiting on the producer of the activations (only meaningful with use_pdl).
 // use_pdl: launch with programmatic stream serialization (ignored unless HcFastUsesSm90Features).
+// sm_major: the compute capability of the current device (the caller reads it once, at kernel creation).
+// tuning: how the work is spread (hc_fast_path_eligibility.h); never changes a result.
 // Requires IsHcFastPathSupported(params, ...) and 16-byte aligned pointers (HcFastPointersAligned);
 // returns cudaErrorInvalidValue otherwise, or the first CUDA error of the launches.
 template <typename T>
 cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& params, void* scratch,
-                         size_t scratch_bytes, cudaStream_t stream, bool weights_are_constant, bool use_pdl);
+                         size_t scratch_bytes, cudaStream_t stream, bool weights_are_constant, bool use_pdl,
+                         int sm_major, const HcFastTuning& tuning);
 
 extern template cudaError_t LaunchHcFast<__half>(const HcFastArgs<__half>&, const HcLowRankMixParams&, void*,
-                                                 size_t, cudaStream_t, bool, bool);
+                                                 size_t, cudaStream_t, bool, bool, int, const HcFastTuning&);
 extern template cudaError_t LaunchHcFast<__nv_bfloat16>(const HcFastArgs<__nv_bfloat16>&,
                                                         const HcLowRankMixParams&, void*, size_t, cudaStream_t,
-                                                        bool, bool);
+                                                        bool, bool, int, const HcFastTuning&);
 
 }  // namespace hcfuse

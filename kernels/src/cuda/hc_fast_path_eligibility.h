@@ -1,5 +1,6 @@
 // Which calls the fused fast path takes: a pure predicate of the shapes, the element type and the
 // device's compute capability, so the glue (and its tests) can decide without touching the GPU.
+// The tiling here is the one hc_fast_path.cu runs (its shared-memory layout is derived from it).
 #pragma once
 
 #include <cstdint>
@@ -9,11 +10,22 @@
 
 namespace hcfuse {
 
-// Tiling limits of hc_fast_path.cu (see the static asserts and the tile choice there).
-inline constexpr int64_t kHcFastClusterSize = 8;         // CTAs per thread-block cluster on sm_90 (HcFastClusterSize)
+inline constexpr int64_t kHcFastClusterSize = 8;           // CTAs per thread-block cluster on sm_90
 inline constexpr int64_t kHcFastMaxTileBytes = 64 * 1024;  // weight tile per CTA in shared memory
-// Row counts up to which the fast path beats the general path on the H200 (bench/bench_decode.py).
+inline constexpr int64_t kHcFastSsParts = 8;               // a branch's sum of squares: 8 fixed parts
+inline constexpr int64_t kHcFastMaxStage1Ctas = 128;       // about one CTA per SM of an H100/H200
+inline constexpr int64_t kHcFastMaxStage2Ctas = 128;
+// Row counts up to which the glue picks the fast path by itself (bench/bench_decode.py, H200).
 inline constexpr int64_t kHcFastMaxAutoRows = 32;
+
+// Tuning of the fast path that never changes a result (every choice sums in the same order):
+// up to ss_local_max_rows rows every stage 1 CTA sums all of its branch's squares itself instead of
+// exchanging part sums inside its cluster; up to hidden_local_max_rows rows every stage 2 CTA forms
+// all R hidden values itself instead of sharing slices through distributed shared memory.
+struct HcFastTuning {
+  int64_t ss_local_max_rows = 4;
+  int64_t hidden_local_max_rows = 1;
+};
 
 // Thread-block clusters and programmatic dependent launch need the kernels' sm_90 code. The build
 // carries sm_80 and sm_90a code plus compute_80 PTX, so any other compute capability runs sm_80 code
@@ -22,32 +34,47 @@ inline constexpr int64_t kHcFastMaxAutoRows = 32;
 inline bool HcFastUsesSm90Features(int sm_major) { return sm_major == 9; }
 inline int64_t HcFastClusterSize(int sm_major) { return HcFastUsesSm90Features(sm_major) ? kHcFastClusterSize : 1; }
 
-// Stage 1 CTAs per branch (K slices of one branch) and stage 2 CTAs; 0 when the shape has no tiling.
+// Shared-memory row strides (elements of T) of the tensor-core operands: a row of n (a multiple of 8)
+// elements padded to an odd number of 16-byte chunks, so ldmatrix's eight row reads hit distinct banks.
+inline int64_t HcFastPaddedStride(int64_t n) { return (n / 8) % 2 == 1 ? n : n + 8; }
+inline int64_t HcFastRoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Stage 1 weight tile: ks rows of [down (R) | inject (C, padded to one 8-column mma tile)].
+inline int64_t HcFastStage1TileBytes(const HcLowRankMixParams& p, int64_t ks) {
+  return ks * HcFastPaddedStride(p.R + 8) * 2;
+}
+// Stage 2 weight tile: R (rounded up to 16) rows of the C * hs columns a CTA owns.
+inline int64_t HcFastStage2TileBytes(const HcLowRankMixParams& p, int64_t hs) {
+  return HcFastRoundUp(p.R, 16) * HcFastPaddedStride(p.C * hs) * 2;
+}
+
+// Stage 1 CTAs per branch: each takes a K slice of ks = H / ctas features of one branch (ks a
+// multiple of the mma's k = 16); C branches side by side, a whole number of clusters. 0: no tiling.
 inline int64_t HcFastStage1CtasPerBranch(const HcLowRankMixParams& p, int64_t cluster) {
-  // a slice never straddles two branches, so tile the H features of one branch; C branches side by side
-  const int64_t per_branch_target = (128 + p.C - 1) / p.C;
-  for (int64_t ctas = per_branch_target; ctas >= 1; --ctas) {
-    if (p.H % ctas != 0 || (p.H / ctas) % 4 != 0 || (ctas * p.C) % cluster != 0) continue;
-    if ((p.H / ctas) * (p.R + p.C) * 2 > kHcFastMaxTileBytes) return 0;
-    return ctas;
+  for (int64_t ctas = kHcFastMaxStage1Ctas / p.C; ctas >= 1; --ctas) {
+    if (p.H % ctas != 0 || (p.H / ctas) % 16 != 0 || (ctas * p.C) % cluster != 0) continue;
+    return HcFastStage1TileBytes(p, p.H / ctas) <= kHcFastMaxTileBytes ? ctas : 0;
   }
   return 0;
 }
 
+// Stage 2 CTAs: each takes hs = H / ctas features of every branch (C * hs columns, a whole number
+// of 8-column mma tiles, hs a multiple of 4 for 8-byte copies). 0: no tiling.
 inline int64_t HcFastStage2Ctas(const HcLowRankMixParams& p, int64_t cluster) {
-  for (int64_t ctas = 128; ctas >= 1; --ctas) {
-    if (p.H % ctas != 0 || (p.H / ctas) % 4 != 0 || ctas % cluster != 0) continue;
-    if (p.R * p.C * (p.H / ctas) * 2 > kHcFastMaxTileBytes) return 0;
-    return ctas;
+  for (int64_t ctas = kHcFastMaxStage2Ctas; ctas >= 1; --ctas) {
+    if (p.H % ctas != 0 || (p.H / ctas) % 4 != 0 || (p.C * (p.H / ctas)) % 8 != 0 || ctas % cluster != 0) continue;
+    return HcFastStage2TileBytes(p, p.H / ctas) <= kHcFastMaxTileBytes ? ctas : 0;
   }
   return 0;
 }
 
-// The fast path can run this call: fp16/bf16 (element_bytes == 2), sm_80+, R % 8 == 0 (16-byte rows of
-// down_weight), C % 4 == 0 and C <= 8, H % 4 == 0 with a tiling of both stages (see above). Any row count.
+// The fast path can run this call: fp16/bf16 (element_bytes == 2), sm_80+, C % 4 == 0 and C <= 8
+// (8-byte inject rows, one mma tile), R % 8 == 0 and R <= 1024 (16-byte down rows), H % 32 == 0
+// (8 sum-of-squares parts of whole 4-element vectors), and a tiling of both stages (see above).
+// Any row count.
 inline bool IsHcFastPathSupported(const HcLowRankMixParams& p, int sm_major, int /*sm_minor*/, int element_bytes) {
   if (element_bytes != 2 || sm_major < 8) return false;
-  if (p.C % 4 != 0 || p.C > 8 || p.R % 8 != 0 || p.R > 1024 || p.H % 4 != 0) return false;
+  if (p.C % 4 != 0 || p.C > 8 || p.R % 8 != 0 || p.R > 1024 || p.H % (4 * kHcFastSsParts) != 0) return false;
   const int64_t cluster = HcFastClusterSize(sm_major);
   return HcFastStage1CtasPerBranch(p, cluster) > 0 && HcFastStage2Ctas(p, cluster) > 0;
 }

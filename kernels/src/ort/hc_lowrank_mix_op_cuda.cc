@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/hc_fast_path.h"
 #include "cuda/hc_fast_path_eligibility.h"
@@ -54,6 +55,26 @@ PathChoice ReadForcedPath() {
   throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FORCE_PATH must be 'general' or 'fast' (or unset); got '" +
                            value + "'",
                        ORT_INVALID_ARGUMENT);
+}
+
+// HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split
+// (benchmarks; results never change, see HcFastTuning).
+HcFastTuning ReadFastTuning() {
+  HcFastTuning tuning;
+  for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
+                             std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows}}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    char* end = nullptr;
+    const long long rows = std::strtoll(value, &end, 10);
+    if (*end != '\0' || rows < 0) {
+      throw Ort::Exception(std::string(kOpName) + ": " + name + " must be a row count (an integer >= 0); got '" +
+                               value + "'",
+                           ORT_INVALID_ARGUMENT);
+    }
+    *field = rows;
+  }
+  return tuning;
 }
 
 bool ReadDebugFlag() {
@@ -118,7 +139,7 @@ class CudaProvider {
   static constexpr bool kHasFastPath = !std::is_same_v<CT, float>;  // the fast path is fp16/bf16 only
 
   CudaProvider(const OrtApi& api, const OrtKernelInfo* info)
-      : forced_(ReadForcedPath()), debug_(ReadDebugFlag()), gemm_(debug_) {
+      : forced_(ReadForcedPath()), debug_(ReadDebugFlag()), tuning_(ReadFastTuning()), gemm_(debug_) {
     weights_constant_ = WeightsAreConstant(api, info);
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
     ThrowIfCudaFailed(cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device_),
@@ -165,8 +186,8 @@ class CudaProvider {
       return (*why = "a tensor is not 16-byte aligned"), false;
     }
     if (const size_t smem = HcFastSharedMemoryBytes(p, sm_major_); smem > static_cast<size_t>(max_smem_)) {
-      return (*why = "it needs " + std::to_string(smem) + " bytes of shared memory per block for " +
-                     std::to_string(p.rows) + " rows; the device allows " + std::to_string(max_smem_)),
+      return (*why = "it needs " + std::to_string(smem) + " bytes of shared memory per block; the device allows " +
+                     std::to_string(max_smem_)),
              false;
     }
     if (forced_ == PathChoice::kFast) return (*why = "HCFUSE_FORCE_PATH=fast"), true;
@@ -197,7 +218,7 @@ class CudaProvider {
                      static_cast<long long>(HcFastStage2Ctas(p, cluster)), use_pdl ? "on" : "off",
                      weights_constant_ ? "constant (read before the wait)" : "produced upstream (read after the wait)");
       }
-      const cudaError_t e = LaunchHcFast<CT>(t, p, scratch.get(), bytes, stream, weights_constant_, use_pdl);
+      const cudaError_t e = LaunchHcFast<CT>(t, p, scratch.get(), bytes, stream, weights_constant_, use_pdl, sm_major_, tuning_);
       if (e != cudaSuccess) {
         return LaunchFailure("LaunchHcFast", std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
       }
@@ -209,6 +230,7 @@ class CudaProvider {
 
   const PathChoice forced_;
   const bool debug_;
+  const HcFastTuning tuning_;
   bool weights_constant_ = false;
   int device_ = 0, sm_major_ = 0, sm_minor_ = 0, max_smem_ = 0;
   cuda::HcLtGemm gemm_;  // one cuBLASLt handle and pinned plans per kernel instance
