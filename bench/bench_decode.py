@@ -43,9 +43,9 @@ WEIGHT_SETS = 8
 COPY_BANDWIDTH = 4.2e12  # bytes/s, device-to-device copy on this H200 (read + write)
 DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float16, TensorProto.FLOAT16)}
 VARIANTS = ("fast", "general", "stock")
-# Extra variants "fast@SS,HID": the fast path with HCFUSE_FAST_SS_LOCAL_ROWS=SS and
-# HCFUSE_FAST_HIDDEN_LOCAL_ROWS=HID (how its work is split; results are the same bits).
-TUNING_ENV = ("HCFUSE_FAST_SS_LOCAL_ROWS", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS")
+# Extra variants "fast@SS,HID[,CL]": the fast path with HCFUSE_FAST_SS_LOCAL_ROWS=SS,
+# HCFUSE_FAST_HIDDEN_LOCAL_ROWS=HID and HCFUSE_FAST_CLUSTER=CL (how its work is split).
+TUNING_ENV = ("HCFUSE_FAST_SS_LOCAL_ROWS", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS", "HCFUSE_FAST_CLUSTER")
 SLOW_REPS = 3  # repetitions for chains whose replay takes longer than --slow-ms
 
 

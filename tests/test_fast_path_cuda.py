@@ -197,5 +197,17 @@ def test_work_split_never_changes_a_result(fast_session, rng, monkeypatch, rows)
 def test_bad_tuning_value_is_a_clear_error(fast_session, rng, monkeypatch):
     model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
     monkeypatch.setenv("HCFUSE_FAST_SS_LOCAL_ROWS", "many")
-    with pytest.raises(Exception, match="HCFUSE_FAST_SS_LOCAL_ROWS must be a row count"):
+    with pytest.raises(Exception, match="HCFUSE_FAST_SS_LOCAL_ROWS must be an integer >= 0"):
         fast_session(model)
+
+
+@pytest.mark.parametrize("cluster", ["4", "8"])
+@pytest.mark.parametrize("rows", [1, 16, 20])
+def test_both_cluster_sizes_match_reference(fast_session, rng, monkeypatch, cluster, rows):
+    """HCFUSE_FAST_CLUSTER (benchmarks) regroups stage 1's partial sums: both sizes keep the bound."""
+    if compute_capability()[0] != 9:
+        pytest.skip("thread-block clusters are used on sm_90 only")
+    monkeypatch.setenv("HCFUSE_FAST_CLUSTER", cluster)
+    model, weights, feeds = _case(**QWEN, dtype=BF16, rows=rows, prologue=True, rng=rng)
+    got = run_bound(fast_session(model), feeds, device="cuda")
+    _check_against_reference(got, _reference(feeds, weights, QWEN["C"]), f"cluster={cluster} rows={rows}")

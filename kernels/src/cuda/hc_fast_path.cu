@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cooperative_groups.h>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "cuda/hc_common.cuh"
@@ -37,12 +38,12 @@ constexpr int kRowTile = 16;  // rows per pass: the M of mma.m16n8k16
 constexpr int kStage1Threads = 384;
 constexpr int kStage2Threads = 320;
 constexpr int kParts = static_cast<int>(kHcFastSsParts);
-static_assert(kHcFastClusterSize == kHcFastSsParts, "one sum-of-squares part per cluster rank");
-static_assert(kHcFastClusterSize <= 8, "a portable cluster size (no non-portable attribute is set)");
+static_assert(kParts % 4 == 0 && kParts % 8 == 0, "whole sum-of-squares parts per rank of a 4- or 8-CTA cluster");
 
 // Run-time tiling shared by both kernels (derived on the host from HcLowRankMixParams).
 struct FastDims {
   int rows, C, H, R, K;
+  int rt;             // rows per pass: min(rows, 16) (the mma's M is 16; missing rows read a zero row)
   int np;             // R + C: columns of a partial row
   int ks, ldb1, lda1;  // stage 1: K slice, weight tile and A tile strides (elements)
   int cpb;            // stage 1: CTAs per branch
@@ -50,6 +51,7 @@ struct FastDims {
   int groups, g4;     // partial sets stage 2 adds (stage 1 CTAs / cluster), padded to 4
   int hs, n2, ldu;    // stage 2: features per CTA, C * hs columns, weight tile stride
   int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
+  int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
   bool ss_local, hidden_local, has_prologue;
   float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
 };
@@ -169,15 +171,16 @@ __device__ __forceinline__ void Mma(float (&d)[4], const unsigned (&a)[4], const
 }
 
 // One warp: out[t] = A[16 x 16*ksteps] @ B[:, n0[t] .. n0[t] + 8) for TILES column tiles (n0 < 0: none),
-// A and B in shared memory (row strides lda, ldb). k steps go round-robin to CHAINS accumulators
+// A and B in shared memory (row strides lda, ldb); A has a_rows rows and a zero row after them, which
+// stands in for rows a_rows..15. k steps go round-robin to CHAINS accumulators
 // (independent mma chains), added in order at the end. The accumulator layout is mma's: lane l holds
 // rows l/4 and l/4 + 8, columns 2 * (l % 4) + {0, 1}.
 template <typename T, int TILES, int CHAINS>
-__device__ __forceinline__ void WarpMma(const T* A, int lda, const T* B, int ldb, int ksteps, const int (&n0)[TILES],
-                                        float (&out)[TILES][4]) {
+__device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T* B, int ldb, int ksteps,
+                                        const int (&n0)[TILES], float (&out)[TILES][4]) {
   const int lane = threadIdx.x & 31;
   float acc[CHAINS][TILES][4] = {};
-  const T* a_lane = A + (lane & 15) * lda + (lane >> 4) * 8;
+  const T* a_lane = A + min(lane & 15, a_rows) * lda + (lane >> 4) * 8;
   const T* b_lane = B + (lane & 15) * ldb;
   for (int k = 0; k < ksteps; k += CHAINS) {
 #pragma unroll
@@ -251,12 +254,12 @@ struct Stage1Layout {
   size_t tile, a, scale, s_slice, part_sum, red, total;
   __host__ __device__ explicit Stage1Layout(const FastDims& d, int cluster) {
     tile = 0;                                                       // T [ks][ldb1]
-    a = tile + size_t{2} * d.ks * d.ldb1;                           // T [16][lda1]
-    scale = a + size_t{2} * kRowTile * d.lda1;                      // T [ks]
-    s_slice = scale + (size_t{2} * d.ks + 15) / 16 * 16;            // f32 [16][ks]
-    part_sum = s_slice + size_t{4} * kRowTile * d.ks;               // f32 [parts][16]
-    red = part_sum + size_t{4} * kParts * kRowTile;                 // f32 [cluster][16][per1]
-    total = red + size_t{4} * cluster * kRowTile * d.per1;
+    a = tile + size_t{2} * d.ks * d.ldb1;                           // T [rt + 1][lda1] (last row zero)
+    scale = a + size_t{2} * (d.rt + 1) * d.lda1;                    // T [ks]
+    s_slice = scale + (size_t{2} * d.ks + 15) / 16 * 16;            // f32 [rt][ks]
+    part_sum = s_slice + size_t{4} * d.rt * d.ks;                   // f32 [parts][rt]
+    red = part_sum + size_t{4} * kParts * d.rt;                     // f32 [cluster][rt][per1]
+    total = red + size_t{4} * cluster * d.rt * d.per1;
   }
 };
 
@@ -264,10 +267,10 @@ struct Stage2Layout {
   size_t tile, a, hn, g, total;
   __host__ __device__ explicit Stage2Layout(const FastDims& d) {
     tile = 0;                                         // T [rp][ldu]
-    a = tile + size_t{2} * d.rp * d.ldu;              // T [16][lda2]
-    hn = a + size_t{2} * kRowTile * d.lda2;           // T [16][n2]
-    g = hn + size_t{2} * kRowTile * d.n2;             // f32 [16][n2]
-    total = g + size_t{4} * kRowTile * d.n2;
+    a = tile + size_t{2} * d.rp * d.ldu;              // T [rt + 1][lda2] (last row zero)
+    hn = a + size_t{2} * (d.rt + 1) * d.lda2;         // T [rt][n2]
+    g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]
+    total = g + size_t{4} * d.rt * d.n2;
   }
 };
 
@@ -291,13 +294,13 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   const int k0 = branch * d.H + h0;
   const int rank = CL > 1 ? ClusterRank() : 0;
 
-  // The tile's columns past [down | inject] and the A tile are never copied into: zero them once
-  // (zero inject columns keep the padded mma tile exact; the A tile's unused rows stay finite).
+  // The tile's columns past [down | inject] and the A tile's zero row are never copied into: zero
+  // them once (zero inject columns keep the padded mma tile exact).
   const int pad_cols = d.ldb1 - d.np;
   for (int idx = tid; idx < d.ks * pad_cols; idx += blockDim.x) {
     tile[(idx / pad_cols) * d.ldb1 + d.np + idx % pad_cols] = FromFloat<T>(0.0f);
   }
-  for (int idx = tid; idx < kRowTile * d.lda1; idx += blockDim.x) a_tile[idx] = FromFloat<T>(0.0f);
+  for (int idx = tid; idx < d.lda1; idx += blockDim.x) a_tile[d.rt * d.lda1 + idx] = FromFloat<T>(0.0f);
 
   auto load_weights = [&] {
     const int chunks = d.R / 8;  // 16-byte pieces of a down_weight row
@@ -319,15 +322,14 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   WaitOnProducer();  // streams / prev_* come from upstream nodes; scratch was read by the last stage 2
   if (!weights_are_constant) load_weights();
 
-  const int L = d.H / kParts;              // features in one part of a branch
-  const int parts_here = d.ss_local ? kParts : 1;  // cluster mode: this rank's part only
+  const int L = d.H / kParts;  // features in one part of a branch
   const int ksteps = d.ks / 16;
   const int ntiles = d.R / 8 + 1;          // down's column tiles, then inject's (padded)
   const int c_begin = rank * d.per1, c_len = max(0, min(d.np, c_begin + d.per1) - c_begin);
   const int group = blockIdx.x / CL;
 
-  for (int r0 = 0; r0 < d.rows; r0 += kRowTile) {
-    const int nr = min(kRowTile, d.rows - r0);
+  for (int r0 = 0; r0 < d.rows; r0 += d.rt) {
+    const int nr = min(d.rt, d.rows - r0);
     if constexpr (CL > 1) {
       if (r0 == 0) {
         ClusterWait();  // the peers run: DSMEM may be written
@@ -340,15 +342,15 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
 
     // A: one warp per (part, row) pair sums that part's squares (lane-strided, then a butterfly),
     // and one warp per row forms S of the slice (kept in shared memory, copied to streams_out).
-    const int part_pairs = parts_here * nr;
+    const int part_pairs = d.ss_parts * nr;
     for (int pair = warp; pair < part_pairs + nr; pair += num_warps) {
-      const int i = pair < part_pairs ? pair / parts_here : pair - part_pairs;
+      const int i = pair < part_pairs ? pair / d.ss_parts : pair - part_pairs;
       const size_t row = r0 + i;
       const T* srow = args.streams + row * d.K + branch * d.H;
       const T* prow = PRO ? args.prev_block_output + row * d.H : nullptr;
       const float gate = PRO ? ToFloat<T>(args.prev_post_gate[row * d.C + branch]) : 0.0f;
       if (pair < part_pairs) {
-        const int p = d.ss_local ? pair % parts_here : rank;
+        const int p = (d.ss_local ? 0 : rank * d.ss_parts) + pair % d.ss_parts;
         float ss = 0.0f;
 #pragma unroll 4
         for (int q = lane * 4; q < L; q += 128) {
@@ -360,9 +362,9 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
         ss = cuda::WarpSum(ss);
         if (lane == 0) {
           if (d.ss_local || CL == 1) {
-            part_sum[p * kRowTile + i] = ss;
+            part_sum[p * d.rt + i] = ss;
           } else {
-            for (int dst = 0; dst < CL; ++dst) *PeerShared(part_sum + p * kRowTile + i, dst) = ss;
+            for (int dst = 0; dst < CL; ++dst) *PeerShared(part_sum + p * d.rt + i, dst) = ss;
           }
         }
       } else {
@@ -391,7 +393,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
       const int i = idx / (d.ks / 4), q = (idx % (d.ks / 4)) * 4;
       float sum_sq = 0.0f;
 #pragma unroll
-      for (int p = 0; p < kParts; ++p) sum_sq += part_sum[p * kRowTile + i];
+      for (int p = 0; p < kParts; ++p) sum_sq += part_sum[p * d.rt + i];
       const float inv_rms = cuda::BranchInvRms(sum_sq, d.H, d.epsilon);
       const float4 s = *reinterpret_cast<const float4*>(s_slice + i * d.ks + q);
       const float sv[4] = {s.x, s.y, s.z, s.w};
@@ -410,7 +412,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
 #pragma unroll
       for (int u = 0; u < 4; ++u) n0[u] = t0 + u * num_warps < ntiles ? (t0 + u * num_warps) * 8 : -1;
       float acc[4][4];
-      WarpMma<T, 4, 1>(a_tile, d.lda1, tile, d.ldb1, ksteps, n0, acc);
+      WarpMma<T, 4, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         if (n0[u] < 0) continue;
@@ -420,7 +422,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
           const int col = n0[u] + (lane & 3) * 2 + (e & 1);
           if (i >= nr || col >= d.np) continue;
           const int owner = col / d.per1;
-          float* dst = red + (rank * kRowTile + i) * d.per1 + col - owner * d.per1;
+          float* dst = red + (rank * d.rt + i) * d.per1 + col - owner * d.per1;
           if constexpr (CL > 1) dst = PeerShared(dst, owner);
           *dst = acc[u][e];
         }
@@ -437,7 +439,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
       const int i = idx / c_len, c = idx % c_len;
       float s = 0.0f;
 #pragma unroll
-      for (int src = 0; src < CL; ++src) s += red[(src * kRowTile + i) * d.per1 + c];
+      for (int src = 0; src < CL; ++src) s += red[(src * d.rt + i) * d.per1 + c];
       partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = s;
     }
   }
@@ -461,9 +463,12 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   const int rank = CL > 1 ? ClusterRank() : 0;
   const int segs = d.hs / 4;  // 8-byte pieces of one branch's hs features
 
-  // Rows R..rp of the tile and columns R..rp of the A tile pad K to whole mma steps: zero.
+  // Rows R..rp of the tile and columns R..rp of the A tile pad K to whole mma steps, and the A tile's
+  // last row stands in for missing rows: zero.
   for (int idx = tid; idx < (d.rp - d.R) * d.ldu; idx += blockDim.x) tile[d.R * d.ldu + idx] = FromFloat<T>(0.0f);
-  for (int idx = tid; idx < kRowTile * d.lda2; idx += blockDim.x) a_tile[idx] = FromFloat<T>(0.0f);
+  for (int idx = tid; idx < (d.rt + 1) * d.lda2; idx += blockDim.x) {
+    if (idx >= d.rt * d.lda2 || idx % d.lda2 >= d.R) a_tile[idx] = FromFloat<T>(0.0f);
+  }
 
   auto load_weights = [&] {
     const int pieces = d.C * segs;  // 8-byte pieces in one row of the tile
@@ -484,8 +489,8 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   const int r_len = share ? max(0, min(d.R, r_begin + d.per2) - r_begin) : d.R;
   const int gate_items = blockIdx.x == 0 ? d.C : 0;  // CTA 0 also computes post_gate
   const int items = r_len + gate_items;
-  for (int r0 = 0; r0 < d.rows; r0 += kRowTile) {
-    const int nr = min(kRowTile, d.rows - r0);
+  for (int r0 = 0; r0 < d.rows; r0 += d.rt) {
+    const int nr = min(d.rt, d.rows - r0);
     if constexpr (CL > 1) {
       if (r0 == 0) {
         ClusterWait();
@@ -529,7 +534,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     for (int t = warp; t < d.n2 / 8; t += num_warps) {
       const int n0[1] = {t * 8};
       float acc[1][4];
-      WarpMma<T, 1, 4>(a_tile, d.lda2, tile, d.ldu, d.rp / 16, n0, acc);
+      WarpMma<T, 1, 4>(a_tile, d.rt, d.lda2, tile, d.ldu, d.rp / 16, n0, acc);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = (lane >> 2) + (e >> 1) * 8;
@@ -547,7 +552,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       args.pre_output[static_cast<size_t>(r0 + i) * d.H + h0 + hh] =
           FromFloat<T>(__fmul_rn(d.reduction_scale, mix));  // rounding point: pre_output
     }
-    if (r0 + kRowTile < d.rows) __syncthreads();  // hn_s, g_s and the A tile are rewritten next pass
+    if (r0 + d.rt < d.rows) __syncthreads();  // hn_s, g_s and the A tile are rewritten next pass
   }
 }
 
@@ -576,8 +581,9 @@ FastDims MakeDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& 
   d.rp = static_cast<int>(HcFastRoundUp(p.R, 16));
   d.lda2 = static_cast<int>(HcFastPaddedStride(d.rp));
   d.per2 = static_cast<int>(HcFastRoundUp((p.R + cluster - 1) / cluster, 8));
-  // Cluster part sums need a cluster within one branch (cpb a multiple of the parts).
-  d.ss_local = cluster != kParts || d.cpb % kParts != 0 || p.rows <= tuning.ss_local_max_rows;
+  d.rt = static_cast<int>(std::min<int64_t>(std::max<int64_t>(p.rows, 1), kRowTile));
+  d.ss_local = cluster == 1 || kParts % cluster != 0 || d.cpb % cluster != 0 || p.rows <= tuning.ss_local_max_rows;
+  d.ss_parts = d.ss_local ? kParts : kParts / cluster;
   d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
   d.has_prologue = p.has_prologue;
   d.epsilon = p.epsilon;
@@ -634,19 +640,73 @@ cudaError_t LaunchStages(const HcFastArgs<T>& args, const FastDims& d, float* pa
                 args, d, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
 }
 
+// How many clusters (or CTAs without clusters) of `kernel` the device holds at once, alone.
+template <typename Kernel>
+int MaxActive(Kernel kernel, int threads, size_t smem, int cluster) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess) {
+    return -1;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(cluster * 64);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int n = -1;
+  if (cluster > 1) return cudaOccupancyMaxActiveClusters(&n, kernel, &config) == cudaSuccess ? n : -1;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) == cudaSuccess ? n : -1;
+}
+
+template <typename T, int CL>
+std::string Summary(const FastDims& d) {
+  const size_t smem1 = Stage1Layout(d, CL).total, smem2 = Stage2Layout(d).total;
+  const char* fit = CL > 1 ? "clusters fit at once" : "CTAs fit per SM";
+  return "stage 1: " + std::to_string(d.cpb * d.C) + " CTAs x " + std::to_string(kStage1Threads) + " threads, " +
+         std::to_string(smem1) + " B shared, clusters of " + std::to_string(CL) + " (" +
+         std::to_string(MaxActive(HcFastStage1Kernel<T, CL, true>, kStage1Threads, smem1, CL)) + " " + fit +
+         "); stage 2: " + std::to_string(d.H / d.hs) + " CTAs x " + std::to_string(kStage2Threads) + " threads, " +
+         std::to_string(smem2) + " B shared (" +
+         std::to_string(MaxActive(HcFastStage2Kernel<T, CL>, kStage2Threads, smem2, CL)) + " " + fit +
+         "); rows per pass " + std::to_string(d.rt) + ", sums of squares " + (d.ss_local ? "local" : "shared") +
+         ", hidden " + (d.hidden_local ? "local" : "shared");
+}
+
 }  // namespace
+
+template <typename T>
+std::string HcFastLaunchSummary(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning) {
+  if (HcFastSharedMemoryBytes(params, sm_major, tuning) == 0) return "not supported";
+  const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
+  const FastDims d = MakeDims(params, cluster, tuning);
+  switch (cluster) {
+    case 8: return Summary<T, 8>(d);
+    case 4: return Summary<T, 4>(d);
+    default: return Summary<T, 1>(d);
+  }
+}
+
+template std::string HcFastLaunchSummary<__half>(const HcLowRankMixParams&, int, const HcFastTuning&);
+template std::string HcFastLaunchSummary<__nv_bfloat16>(const HcLowRankMixParams&, int, const HcFastTuning&);
 
 size_t HcFastScratchBytes(const HcLowRankMixParams& params) {
   if (params.rows == 0) return 0;
-  // the larger of the two cluster configurations' partials (sm_80 keeps one partial per CTA)
+  // without clusters every stage 1 CTA keeps its own partial: the most partials of any configuration
   const FastDims d = MakeDims(params, 1, HcFastTuning{});
   return PartialBytes(params, d) + Align256(static_cast<size_t>(params.rows) * params.width() * 2);
 }
 
-size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major) {
-  if (!IsHcFastPathSupported(params, sm_major, 0, 2)) return 0;
-  const int cluster = static_cast<int>(HcFastClusterSize(sm_major));
-  const FastDims d = MakeDims(params, cluster, HcFastTuning{});
+size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning) {
+  const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
+  if (!IsHcFastPathSupported(params, sm_major, 0, 2) || HcFastStage1CtasPerBranch(params, cluster) == 0 ||
+      HcFastStage2Ctas(params, cluster) == 0) {
+    return 0;
+  }
+  const FastDims d = MakeDims(params, cluster, tuning);
   return std::max(Stage1Layout(d, cluster).total, Stage2Layout(d).total);
 }
 
@@ -656,20 +716,23 @@ cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& pa
                          int sm_major, const HcFastTuning& tuning) {
   static_assert(sizeof(T) == 2, "the fast path is for float16 and bfloat16");
   if (params.rows == 0) return cudaSuccess;
-  if (!IsHcFastPathSupported(params, sm_major, 0, static_cast<int>(sizeof(T))) ||
-      params.rows > (int64_t{1} << 24) || scratch_bytes < HcFastScratchBytes(params) ||
+  const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
+  if (HcFastSharedMemoryBytes(params, sm_major, tuning) == 0 || params.rows > (int64_t{1} << 24) ||
+      scratch_bytes < HcFastScratchBytes(params) ||
       !HcFastPointersAligned({args.streams, args.norm_scale, args.down_weight, args.up_weight, args.inject_weight,
                               args.prev_block_output, args.prev_post_gate, args.pre_output, args.post_gate,
                               args.streams_out, scratch})) {
     return cudaErrorInvalidValue;
   }
-  const int cluster = static_cast<int>(HcFastClusterSize(sm_major));
   const FastDims d = MakeDims(params, cluster, tuning);
   float* partials = static_cast<float*>(scratch);
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + PartialBytes(params, d));
   use_pdl = use_pdl && HcFastUsesSm90Features(sm_major);
-  if (cluster > 1) return LaunchStages<T, kHcFastClusterSize>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-  return LaunchStages<T, 1>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+  switch (cluster) {
+    case 8: return LaunchStages<T, 8>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+    case 4: return LaunchStages<T, 4>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+    default: return LaunchStages<T, 1>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+  }
 }
 
 template cudaError_t LaunchHcFast<__half>(const HcFastArgs<__half>&, const HcLowRankMixParams&, void*, size_t,

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,10 +27,15 @@ using HcFastArgs = cuda::HcDeviceTensors<T>;
 // The glue allocates it through ORT's allocator and passes it to LaunchHcFast.
 size_t HcFastScratchBytes(const HcLowRankMixParams& params);
 
-// Bytes of dynamic shared memory per block the larger of the two kernels takes for this shape on a
-// device of compute capability sm_major (independent of the row count); 0 for a call the fast path
-// does not support. The glue compares it with the device's cudaDevAttrMaxSharedMemoryPerBlockOptin.
-size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major);
+// Bytes of dynamic shared memory per block the larger of the two kernels takes for this call on a
+// device of compute capability sm_major (it grows with the rows of one pass, up to 16); 0 for a call
+// the fast path does not support. The glue compares it with the device's cudaDevAttrMaxSharedMemoryPerBlockOptin.
+size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning);
+
+// One line for HCFUSE_DEBUG: grids, shared memory, how many clusters fit on the device at once
+// (queries the CUDA runtime; not for the hot path).
+template <typename T>
+std::string HcFastLaunchSummary(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning);
 
 // Enqueues the two kernels on `stream` (no host synchronization; CUDA-graph capturable).
 // weights_are_constant: norm_scale / down / up / inject are constant initializers, so the kernels may

@@ -10,7 +10,7 @@
 
 namespace hcfuse {
 
-inline constexpr int64_t kHcFastClusterSize = 8;           // CTAs per thread-block cluster on sm_90
+inline constexpr int64_t kHcFastClusterSize = 8;           // CTAs per thread-block cluster on sm_90 (default)
 inline constexpr int64_t kHcFastMaxTileBytes = 64 * 1024;  // weight tile per CTA in shared memory
 inline constexpr int64_t kHcFastSsParts = 8;               // a branch's sum of squares: 8 fixed parts
 inline constexpr int64_t kHcFastMaxStage1Ctas = 128;       // about one CTA per SM of an H100/H200
@@ -22,9 +22,12 @@ inline constexpr int64_t kHcFastMaxAutoRows = 32;
 // up to ss_local_max_rows rows every stage 1 CTA sums all of its branch's squares itself instead of
 // exchanging part sums inside its cluster; up to hidden_local_max_rows rows every stage 2 CTA forms
 // all R hidden values itself instead of sharing slices through distributed shared memory.
+// cluster (sm_90 only; 0: kHcFastClusterSize) is the one setting that does change bits: it groups
+// stage 1's partial sums (a rank's CTAs first, then the groups), so it is for benchmarks only.
 struct HcFastTuning {
   int64_t ss_local_max_rows = 4;
-  int64_t hidden_local_max_rows = 1;
+  int64_t hidden_local_max_rows = 0;
+  int64_t cluster = 0;  // 0, 4 or 8
 };
 
 // Thread-block clusters and programmatic dependent launch need the kernels' sm_90 code. The build
@@ -32,7 +35,10 @@ struct HcFastTuning {
 // (sm_100 and later JIT-compile the compute_80 PTX, where the cluster step traps and the PDL wait is
 // compiled out) and must take the sm_80 configuration: no clusters, no PDL.
 inline bool HcFastUsesSm90Features(int sm_major) { return sm_major == 9; }
-inline int64_t HcFastClusterSize(int sm_major) { return HcFastUsesSm90Features(sm_major) ? kHcFastClusterSize : 1; }
+inline int64_t HcFastClusterSize(int sm_major, int64_t requested = 0) {
+  if (!HcFastUsesSm90Features(sm_major)) return 1;
+  return requested == 4 || requested == 8 ? requested : kHcFastClusterSize;
+}
 
 // Shared-memory row strides (elements of T) of the tensor-core operands: a row of n (a multiple of 8)
 // elements padded to an odd number of 16-byte chunks, so ldmatrix's eight row reads hit distinct banks.

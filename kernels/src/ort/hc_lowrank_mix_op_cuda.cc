@@ -58,21 +58,28 @@ PathChoice ReadForcedPath() {
 }
 
 // HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split
-// (benchmarks; results never change, see HcFastTuning).
+// (results never change), HCFUSE_FAST_CLUSTER its cluster size (last bits may change): benchmarks,
+// see HcFastTuning.
 HcFastTuning ReadFastTuning() {
   HcFastTuning tuning;
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
-                             std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows}}) {
+                             std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
+                             std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster}}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
     const long long rows = std::strtoll(value, &end, 10);
     if (*end != '\0' || rows < 0) {
-      throw Ort::Exception(std::string(kOpName) + ": " + name + " must be a row count (an integer >= 0); got '" +
+      throw Ort::Exception(std::string(kOpName) + ": " + name + " must be an integer >= 0; got '" +
                                value + "'",
                            ORT_INVALID_ARGUMENT);
     }
     *field = rows;
+  }
+  if (tuning.cluster != 0 && tuning.cluster != 4 && tuning.cluster != 8) {
+    throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_CLUSTER must be 4 or 8; got " +
+                             std::to_string(tuning.cluster),
+                         ORT_INVALID_ARGUMENT);
   }
   return tuning;
 }
@@ -185,7 +192,7 @@ class CudaProvider {
                                 t.prev_block_output, t.prev_post_gate, t.pre_output, t.post_gate, t.streams_out})) {
       return (*why = "a tensor is not 16-byte aligned"), false;
     }
-    if (const size_t smem = HcFastSharedMemoryBytes(p, sm_major_); smem > static_cast<size_t>(max_smem_)) {
+    if (const size_t smem = HcFastSharedMemoryBytes(p, sm_major_, tuning_); smem > static_cast<size_t>(max_smem_)) {
       return (*why = "it needs " + std::to_string(smem) + " bytes of shared memory per block; the device allows " +
                      std::to_string(max_smem_)),
              false;
@@ -212,13 +219,12 @@ class CudaProvider {
       Scratch scratch = AllocateScratch(ctx, device_, bytes);
       const bool use_pdl = HcFastUsesSm90Features(sm_major_);
       if (debug_) {
-        const int64_t cluster = HcFastClusterSize(sm_major_);
-        std::fprintf(stderr, "hcfuse: %s fast path grids: stage 1 %lld CTAs, stage 2 %lld CTAs, PDL %s, weights %s\n",
-                     kOpName, static_cast<long long>(p.C * HcFastStage1CtasPerBranch(p, cluster)),
-                     static_cast<long long>(HcFastStage2Ctas(p, cluster)), use_pdl ? "on" : "off",
+        std::fprintf(stderr, "hcfuse: %s fast path: %s; PDL %s, weights %s\n", kOpName,
+                     HcFastLaunchSummary<CT>(p, sm_major_, tuning_).c_str(), use_pdl ? "on" : "off",
                      weights_constant_ ? "constant (read before the wait)" : "produced upstream (read after the wait)");
       }
-      const cudaError_t e = LaunchHcFast<CT>(t, p, scratch.get(), bytes, stream, weights_constant_, use_pdl, sm_major_, tuning_);
+      const cudaError_t e =
+          LaunchHcFast<CT>(t, p, scratch.get(), bytes, stream, weights_constant_, use_pdl, sm_major_, tuning_);
       if (e != cudaSuccess) {
         return LaunchFailure("LaunchHcFast", std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
       }
