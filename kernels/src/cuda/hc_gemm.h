@@ -1,14 +1,24 @@
 // Row-major GEMMs of the general path through cuBLASLt: out[M, N] = act[M, K] @ weight[K, N],
-// weights used in place, fp32 compute and accumulation for every T, result rounded once to T.
+// weights used in place, fp32 compute and accumulation for every T.
+//
+// Two kinds of product:
+// - plain (Available/Run): the fp32 result rounded once to T by cuBLASLt (the up GEMM).
+// - split (AvailableSplit/RunSplit): K cut into `splits` equal slices, chosen from K alone
+//   (HcSplitCount); ONE strided-batched matmul writes the fp32 partial sum of every slice,
+//   partial[b][m][n] = sum over k in slice b of act[m, k] * weight[k, n], and the caller adds the
+//   partials in the fixed order b = 0, 1, ... and rounds (the down and inject GEMMs). Few rows times
+//   a long K run on few CTAs as one product; the slices give the GPU `splits` times more CTAs, and
+//   the split depends on K only, so a row's summation order is the same at every row count.
 //
 // Row independence: cuBLASLt's heuristic picks a different kernel (tile, split-K) per M, and a
 // different kernel may sum in a different order. HcLtGemm therefore picks ONE algorithm per
-// (type, N, K, alignments) - with M fixed to kPlanRows - with split-K and every other reduction
-// scheme excluded and no workspace, and runs it for every M. A row's dot products then always go
-// through the same kernel and the same K order, whatever the batch. The algorithm must pass
-// cublasLtMatmulAlgoCheck for a spread of row counts; where none does, Available() says so and the
-// caller runs its fallback kernel for every M. One instance per ORT kernel;
-// no process-wide state. Host-only (no device code), never throws, never synchronizes.
+// (types, N, K, splits, alignments) - with M fixed to the plan rows - with cuBLASLt's own split-K and
+// every other reduction scheme excluded and no workspace, and runs it for every M. A row's dot
+// products then always go through the same kernel and the same K order, whatever the batch. The
+// algorithm must pass cublasLtMatmulAlgoCheck for a spread of row counts; where none does,
+// Available()/AvailableSplit() say so and the caller runs its fallback kernel for every M.
+// One instance per ORT kernel; no process-wide state. Host-only (no device code), never throws,
+// never synchronizes.
 #pragma once
 
 #include <cublasLt.h>
@@ -17,16 +27,42 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <tuple>
 
 namespace hcfuse {
 namespace cuda {
 
+// ---- The fixed K split of the down and inject products.
+// Slices are at least kHcSplitMinSliceK long (shorter slices would make the partials cost more
+// traffic than the product), a multiple of kHcSplitSliceMultiple elements (each batch's act and weight
+// pointer then keeps the base pointer's 16-byte alignment in every T), and there are at most
+// kHcSplitMaxSlices of them (bounds the partials per row: splits * N floats).
+inline constexpr int64_t kHcSplitMinSliceK = 256;
+inline constexpr int64_t kHcSplitSliceMultiple = 8;
+inline constexpr int64_t kHcSplitMaxSlices = 64;
+
+// Rule: the largest s <= kHcSplitMaxSlices that divides K into slices K / s that are >= 256 and a
+// multiple of 8; 1 (no split) when there is none (K < 512, or no such divisor). Depends on K alone,
+// never on M. K = 10240 (C*H of the real shape): 40 slices of 256.
+constexpr int64_t HcSplitCount(int64_t K) {
+  for (int64_t s = kHcSplitMaxSlices; s > 1; --s) {
+    if (K % s == 0 && K / s >= kHcSplitMinSliceK && (K / s) % kHcSplitSliceMultiple == 0) return s;
+  }
+  return 1;
+}
+static_assert(HcSplitCount(10240) == 40, "the real shape's K = C*H = 10240 splits into 40 slices of 256");
+static_assert(HcSplitCount(320) == 1 && HcSplitCount(16) == 1, "short K is not split");
+
+// Floats from partial[b] to partial[b + 1] for an M x N product: M*N rounded up to 64 floats, so
+// every batch's matrix starts 256-byte aligned like the first one, whatever M.
+constexpr int64_t HcPartialStride(int64_t M, int64_t N) { return (M * N + 63) / 64 * 64; }
+
 class HcLtGemm {
  public:
-  // The M the one algorithm is chosen for (any M runs with it).
+  // The M the one algorithm is chosen for (any M runs with it): plain products (the up GEMM, any
+  // row count), and split products (which exist for few rows: the general path at decode sizes).
   static constexpr int64_t kPlanRows = 256;
+  static constexpr int64_t kSplitPlanRows = 64;
 
   // debug: print each planned algorithm to stderr (HCFUSE_DEBUG=1).
   explicit HcLtGemm(bool debug) : debug_(debug) {}
@@ -35,29 +71,59 @@ class HcLtGemm {
   HcLtGemm& operator=(const HcLtGemm&) = delete;
 
   // Whether cuBLASLt has an algorithm for this product (plans it on first use). Depends on the type,
-  // N, K and the pointers' alignments, never on M, so a caller that falls back when it has none still
-  // treats every row count alike.
+  // N, K, splits and the pointers' alignments, never on M, so a caller that falls back when it has
+  // none still treats every row count alike.
   template <typename T>
   cublasStatus_t Available(const T* act, const T* weight, const T* out, int64_t N, int64_t K, bool* available);
+  template <typename T>
+  cublasStatus_t AvailableSplit(const T* act, const T* weight, const float* partial, int64_t N, int64_t K,
+                                int64_t splits, bool* available);
 
-  // T is float, __half or __nv_bfloat16. `stream` is the caller's (ORT's compute) stream.
+  // Plain: out[M, N] = act @ weight rounded to T. T is float, __half or __nv_bfloat16. `stream` is the
+  // caller's (ORT's compute) stream.
   template <typename T>
   cublasStatus_t Run(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+  // Split: partial[b * HcPartialStride(M, N) + m * N + n] = fp32 sum over k in [b*K/splits, (b+1)*K/splits)
+  // of act[m, k] * weight[k, n], for b < splits (K divisible by splits). partial holds
+  // splits * HcPartialStride(M, N) floats.
+  template <typename T>
+  cublasStatus_t RunSplit(const T* act, const T* weight, float* partial, int64_t M, int64_t N, int64_t K,
+                          int64_t splits, cudaStream_t stream);
 
  private:
-  // (cuda data type, N, K, alignment of act, weight, out)
-  using Key = std::tuple<int, int64_t, int64_t, unsigned, unsigned, unsigned>;
+  // (A/B data type, C/D data type, N, K, splits, alignment of act, weight, out)
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, unsigned, unsigned, unsigned>;
+  // A planned product: the pinned algorithm and the descriptors that do not depend on M, built once
+  // in place (opaque descriptors, never copied or moved: std::map nodes stay put).
+  struct Plan {
+    bool has_algo = false;
+    cublasLtMatmulAlgo_t algo = {};
+    cublasLtMatmulDescOpaque_t desc = {};
+    cublasLtMatrixLayoutOpaque_t weight = {};
+  };
   cublasStatus_t EnsureHandle();
-  template <typename T>
-  static Key MakeKey(const T* act, const T* weight, const T* out, int64_t N, int64_t K);
-  cublasStatus_t Plan(const Key& key, std::optional<cublasLtMatmulAlgo_t>* algo);  // nullopt: none
+  template <typename T, typename Out>
+  static Key MakeKey(const T* act, const T* weight, const Out* out, int64_t N, int64_t K, int64_t splits);
+  // The plan of `key`, planned on first use (mu_ held). Pointers into plans_ stay valid.
+  cublasStatus_t GetPlan(const Key& key, const Plan** plan);
+  // Fills a fresh plan in place: descriptors, then the first heuristic candidate that passes (has_algo
+  // stays false when none does).
+  cublasStatus_t BuildPlan(const Key& key, Plan& plan);
   // cublasLtMatmulAlgoCheck passes for every row count of kProbeRows (hc_gemm.cu).
-  bool ValidForAllRows(cudaDataType_t type, int64_t N, int64_t K, const cublasLtMatmulAlgo_t& algo);
+  bool ValidForAllRows(const Key& key, Plan& plan, const cublasLtMatmulAlgo_t& algo);
+  template <typename T, typename Out>
+  cublasStatus_t Availability(const T* act, const T* weight, const Out* out, int64_t N, int64_t K, int64_t splits,
+                              bool* available);
+  template <typename T, typename Out>
+  cublasStatus_t Matmul(const T* act, const T* weight, Out* out, int64_t M, int64_t N, int64_t K, int64_t splits,
+                        cudaStream_t stream);
 
   const bool debug_;
+  // Guards handle_ creation, plans_, and each cublasLtMatmul call that reads a plan's descriptors
+  // (Compute may run concurrently on one kernel instance; the call only enqueues work).
   std::mutex mu_;
   cublasLtHandle_t handle_ = nullptr;
-  std::map<Key, std::optional<cublasLtMatmulAlgo_t>> algos_;
+  std::map<Key, Plan> plans_;
 };
 
 }  // namespace cuda

@@ -1,15 +1,20 @@
 // General CUDA path of HyperConnectionLowRankMix: any C/H/R, any row count, every T.
 //
 //   HcNormKernel       S (prologue), per-branch rms, hn            -> streams_out, hn (scratch)
-//   GEMM (cuBLASLt)    down = hn @ down_weight, inject = hn @ inject_weight
+//   per chunk of at most SplitChunkRows rows:
+//     GEMM (cuBLASLt, strided-batched)  fp32 partials of down = hn @ down_weight and
+//                      inject = hn @ inject_weight over HcSplitCount(C*H) fixed K slices
 //                      (HcFallbackGemmKernel where cuBLASLt has no algorithm, e.g. 16-bit with C = 1)
-//   HcSiluKernel       hidden = ScaledSiLU(down), in place
+//     HcSplitReduceKernel  down, inject = the slices' sum in order b = 0, 1, ..., rounded to T;
+//                      hidden = ScaledSiLU(down)
 //   GEMM (cuBLASLt)    up = hidden @ up_weight
 //   HcGateEpilogueKernel  g = sigmoid(up), pre_output, post_gate
 //
 // Each output element is computed by a fixed sequence of operations that does not depend on the
 // row count or on which block runs it (row-stride and grid-stride loops; reductions in fixed
-// order; GEMM algorithm pinned in HcLtGemm), so results are deterministic and row independent.
+// order; the K split depends on K only; GEMM algorithm pinned in HcLtGemm, the same for every chunk),
+// so results are deterministic and row independent.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -90,30 +95,63 @@ __global__ void __launch_bounds__(kMaxNormThreads) HcNormKernel(NormArgs<T> a) {
   }
 }
 
-// hidden = ScaledSiLU(down) in place over rows * R elements (Z, SG, hidden rounded in ScaledSilu).
 template <typename T>
-__global__ void __launch_bounds__(kElementwiseThreads) HcSiluKernel(T* down, int64_t count, float silu_alpha) {
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    down[i] = FromFloat<T>(ScaledSilu<T>(ToFloat(down[i]), silu_alpha));
+struct SplitReduceArgs {
+  const float* down_partial;    // splits slices of (rows, R), down_stride floats apart
+  const float* inject_partial;  // splits slices of (rows, C), inject_stride floats apart
+  int64_t down_stride, inject_stride, splits;
+  T* hidden;  // (rows, R)
+  T* inject;  // (rows, C)
+  int64_t down_count, inject_count;  // rows * R, rows * C
+  float silu_alpha;
+};
+
+// Both split products' reductions in one launch, grid-stride over rows*R + rows*C outputs (consecutive
+// threads, consecutive outputs of one slice): each output adds its slices in the fixed order
+// b = 0, 1, ..., splits - 1 in fp32, whatever the row count; then down is rounded to T and becomes
+// hidden = ScaledSiLU(down) (Z, SG, hidden rounded in ScaledSilu), inject is rounded to T.
+template <typename T>
+__global__ void __launch_bounds__(kElementwiseThreads) HcSplitReduceKernel(SplitReduceArgs<T> a) {
+  const int64_t total = a.down_count + a.inject_count;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const bool is_down = i < a.down_count;
+    const int64_t j = is_down ? i : i - a.down_count;
+    const float* __restrict__ partial = (is_down ? a.down_partial : a.inject_partial) + j;
+    const int64_t stride = is_down ? a.down_stride : a.inject_stride;
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int64_t b = 0; b < a.splits; ++b) acc = __fadd_rn(acc, partial[b * stride]);
+    if (is_down) {
+      const float down = RoundToT<T>(acc);  // rounding point: down
+      a.hidden[j] = FromFloat<T>(ScaledSilu<T>(down, a.silu_alpha));
+    } else {
+      a.inject[j] = FromFloat<T>(acc);  // rounding point: inject
+    }
   }
 }
 
-// out[m, n] = sum_k act[m, k] * weight[k, n] in fp32, rounded once to T (the GEMM rounding points:
-// down, inject, up), for a product cuBLASLt has no algorithm for (seen: 16-bit types with N = 1, the
-// inject product of one branch). One block per row; thread t sums k = t, t + blockDim.x, ... and
-// BlockSum adds the threads in order: a fixed order that does not depend on the row count.
-template <typename T>
+// For a product cuBLASLt has no algorithm for (seen: 16-bit types with N = 1, the inject product of
+// one branch), sliced like HcLtGemm's products: with Ks = K / splits,
+//   out[b * out_stride + m * N + n] = sum over k in [b*Ks, (b+1)*Ks) of act[m, k] * weight[k, n]
+// in fp32, stored as Out: T for a plain product (splits = 1: the rounding point up), float for the
+// partials of a split product (down and inject, rounded by HcSplitReduceKernel). One block per
+// (row, slice); each thread owns outputs n = t, t + blockDim.x, ... (weight rows read coalesced) and
+// sums its slice sequentially, k in order: a fixed order that does not depend on the row count (not
+// cuBLASLt's order, but whether this kernel runs depends on type, N, K, splits and alignment only).
+template <typename T, typename Out>
 __global__ void __launch_bounds__(kElementwiseThreads)
-    HcFallbackGemmKernel(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K) {
-  __shared__ float reduce_scratch[32];
-  for (int64_t m = blockIdx.x; m < M; m += gridDim.x) {
-    for (int64_t n = 0; n < N; ++n) {
+    HcFallbackGemmKernel(const T* act, const T* weight, Out* out, int64_t M, int64_t N, int64_t K, int64_t splits,
+                         int64_t out_stride) {
+  const int64_t Ks = K / splits;
+  for (int64_t item = blockIdx.x; item < M * splits; item += gridDim.x) {
+    const int64_t m = item / splits;
+    const int64_t b = item - m * splits;
+    const T* a = act + m * K + b * Ks;   // act[m, b*Ks ...]
+    const T* w = weight + b * Ks * N;    // weight[b*Ks ..., 0]
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
       float acc = 0.0f;
-      for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
-        acc = fmaf(ToFloat(act[m * K + k]), ToFloat(weight[k * N + n]), acc);
-      }
-      const float total = BlockSum(acc, reduce_scratch);
-      if (threadIdx.x == 0) out[m * N + n] = FromFloat<T>(total);
+      for (int64_t k = 0; k < Ks; ++k) acc = fmaf(ToFloat(a[k]), ToFloat(w[k * N + n]), acc);
+      out[b * out_stride + m * N + n] = FromFloat<Out>(acc);
     }
   }
 }
@@ -203,7 +241,8 @@ HcLaunchStatus CublasFailure(const char* step, cublasStatus_t e) {
   return e == CUBLAS_STATUS_SUCCESS ? HcLaunchStatus{} : HcLaunchStatus{step, cudaSuccess, e};
 }
 
-// One GEMM of the general path: cuBLASLt's pinned algorithm, or the fallback kernel where there is none.
+// One plain GEMM of the general path (out rounded to T): cuBLASLt's pinned algorithm, or the fallback
+// kernel where there is none.
 template <typename T>
 HcLaunchStatus Gemm(const char* step, HcLtGemm& gemm, const T* act, const T* weight, T* out, int64_t M, int64_t N,
                     int64_t K, cudaStream_t stream) {
@@ -211,8 +250,63 @@ HcLaunchStatus Gemm(const char* step, HcLtGemm& gemm, const T* act, const T* wei
   if (auto s = CublasFailure(step, gemm.Available<T>(act, weight, out, N, K, &available)); !s.ok()) return s;
   if (available) return CublasFailure(step, gemm.Run<T>(act, weight, out, M, N, K, stream));
   const unsigned blocks = static_cast<unsigned>(std::min(M, kMaxRowBlocks));
-  HcFallbackGemmKernel<T><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, out, M, N, K);
+  HcFallbackGemmKernel<T, T><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, out, M, N, K, 1, 0);
   return CudaFailure("HcFallbackGemmKernel", cudaGetLastError());
+}
+
+// One split GEMM of the general path (fp32 partials, HcLtGemm::RunSplit's layout) for M rows: cuBLASLt
+// where `use_lt` (AvailableSplit, asked once per launch), else the fallback kernel.
+template <typename T>
+HcLaunchStatus SplitGemm(const char* step, HcLtGemm& gemm, bool use_lt, const T* act, const T* weight,
+                         float* partial, int64_t M, int64_t N, int64_t K, int64_t splits, cudaStream_t stream) {
+  if (use_lt) return CublasFailure(step, gemm.RunSplit<T>(act, weight, partial, M, N, K, splits, stream));
+  const unsigned blocks = static_cast<unsigned>(std::min(M * splits, kMaxRowBlocks));
+  HcFallbackGemmKernel<T, float><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, partial, M, N, K, splits,
+                                                                              HcPartialStride(M, N));
+  return CudaFailure("HcFallbackGemmKernel", cudaGetLastError());
+}
+
+// Rows per chunk of the split products. The fp32 partials take splits * (R + C) floats per row, so
+// the products run over at most this many rows at a time and reuse one partial buffer: the largest
+// multiple of kChunkRowsMultiple whose partials fit kPartialBudgetBytes, within [kChunkRowsMultiple,
+// kMaxChunkRows] (the real shape: 40 * 324 * 4 bytes a row -> 1024 rows, 52 MB). It depends on the
+// shape, never on the row count, and chunking keeps rows independent: every chunk runs the same
+// pinned algorithm (its hn pointer is a multiple of kChunkRowsMultiple rows, so at least 256 bytes,
+// past the previous one, so the alignment HcLtGemm keys on is the same) and the same reduction.
+constexpr int64_t kChunkRowsMultiple = 128;
+constexpr int64_t kMaxChunkRows = 1024;
+constexpr int64_t kPartialBudgetBytes = int64_t{64} << 20;
+
+int64_t SplitChunkRows(const HcLowRankMixParams& p) {
+  const int64_t per_row = HcSplitCount(p.width()) * (p.R + p.C) * static_cast<int64_t>(sizeof(float));
+  const int64_t fit = kPartialBudgetBytes / per_row / kChunkRowsMultiple * kChunkRowsMultiple;
+  return std::min(std::max(fit, kChunkRowsMultiple), kMaxChunkRows);
+}
+
+// The scratch: hn, up (rows, C*H); hidden (rows, R); inject (rows, C) in T; then the fp32 partials
+// of one chunk of m = min(rows, SplitChunkRows) rows: splits slices of down (HcPartialStride(m, R)
+// floats each), then splits slices of inject (HcPartialStride(m, C) floats each). Every part starts
+// 256-byte aligned (offsets from the base are multiples of kScratchAlign).
+struct ScratchLayout {
+  int64_t splits = 1, chunk_rows = 0;  // chunk_rows = min(rows, SplitChunkRows(p))
+  size_t hn = 0, up = 0, hidden = 0, inject = 0, down_partial = 0, inject_partial = 0, total = 0;  // byte offsets
+};
+
+ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size) {
+  const size_t rows = static_cast<size_t>(p.rows);
+  const size_t width = static_cast<size_t>(p.width());
+  ScratchLayout l;
+  l.splits = HcSplitCount(p.width());
+  l.chunk_rows = std::min(p.rows, SplitChunkRows(p));
+  l.hn = 0;
+  l.up = l.hn + AlignUp(rows * width * element_size);
+  l.hidden = l.up + AlignUp(rows * width * element_size);
+  l.inject = l.hidden + AlignUp(rows * static_cast<size_t>(p.R) * element_size);
+  l.down_partial = l.inject + AlignUp(rows * static_cast<size_t>(p.C) * element_size);
+  l.inject_partial =
+      l.down_partial + static_cast<size_t>(l.splits * HcPartialStride(l.chunk_rows, p.R)) * sizeof(float);
+  l.total = l.inject_partial + static_cast<size_t>(l.splits * HcPartialStride(l.chunk_rows, p.C)) * sizeof(float);
+  return l;
 }
 
 }  // namespace
@@ -226,22 +320,22 @@ std::string HcLaunchStatus::Message() const {
 }
 
 size_t HcGeneralScratchBytes(const HcLowRankMixParams& p, size_t element_size) {
-  const size_t rows = static_cast<size_t>(p.rows);
-  const size_t width = static_cast<size_t>(p.width());
-  return AlignUp(rows * width * element_size) * 2 +  // hn, up
-         AlignUp(rows * static_cast<size_t>(p.R) * element_size) +  // down, then hidden in place
-         AlignUp(rows * static_cast<size_t>(p.C) * element_size);   // inject
+  return MakeScratchLayout(p, element_size).total;
 }
 
 template <typename T>
 HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, void* scratch,
                                HcLtGemm& gemm, cudaStream_t stream, bool debug) {
   const int64_t rows = p.rows, C = p.C, H = p.H, R = p.R, width = p.width();
+  const ScratchLayout layout = MakeScratchLayout(p, sizeof(T));
   char* base = static_cast<char*>(scratch);
-  T* hn = reinterpret_cast<T*>(base);
-  T* up = reinterpret_cast<T*>(base + AlignUp(rows * width * sizeof(T)));
-  T* down = reinterpret_cast<T*>(base + 2 * AlignUp(rows * width * sizeof(T)));
-  T* inject = reinterpret_cast<T*>(base + 2 * AlignUp(rows * width * sizeof(T)) + AlignUp(rows * R * sizeof(T)));
+  T* hn = reinterpret_cast<T*>(base + layout.hn);
+  T* up = reinterpret_cast<T*>(base + layout.up);
+  T* hidden = reinterpret_cast<T*>(base + layout.hidden);
+  T* inject = reinterpret_cast<T*>(base + layout.inject);
+  float* down_partial = reinterpret_cast<float*>(base + layout.down_partial);
+  float* inject_partial = reinterpret_cast<float*>(base + layout.inject_partial);
+  const int64_t splits = layout.splits;
 
   const NormArgs<T> norm{t.streams, t.norm_scale, t.prev_block_output, t.prev_post_gate, t.streams_out,
                          hn, rows, C, H, p.epsilon};
@@ -251,21 +345,42 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   HC_DISPATCH_VEC(norm_vec, HcNormKernel, T, norm_blocks, norm_threads, norm);
   if (auto s = CudaFailure("HcNormKernel", cudaGetLastError()); !s.ok()) return s;
 
-  if (auto s = Gemm<T>("cuBLASLt GEMM down = hn @ down_weight", gemm, hn, t.down_weight, down, rows, R, width, stream);
+  // Whether cuBLASLt runs the split products: asked once, with the base pointers (every chunk's
+  // pointers have the same alignment), so every chunk and every row count takes the same route.
+  static const char* const kDownStep = "cuBLASLt GEMM down = hn @ down_weight (split K)";
+  static const char* const kInjectStep = "cuBLASLt GEMM inject = hn @ inject_weight (split K)";
+  bool down_lt = false, inject_lt = false;
+  if (auto s = CublasFailure(kDownStep, gemm.AvailableSplit<T>(hn, t.down_weight, down_partial, R, width, splits,
+                                                                &down_lt));
       !s.ok()) {
     return s;
   }
-  if (auto s = Gemm<T>("cuBLASLt GEMM inject = hn @ inject_weight", gemm, hn, t.inject_weight, inject, rows, C, width,
-                       stream);
+  if (auto s = CublasFailure(kInjectStep, gemm.AvailableSplit<T>(hn, t.inject_weight, inject_partial, C, width, splits,
+                                                                  &inject_lt));
       !s.ok()) {
     return s;
   }
+  unsigned reduce_blocks = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += layout.chunk_rows) {
+    const int64_t m = std::min(layout.chunk_rows, rows - r0);
+    const T* act = hn + r0 * width;
+    if (auto s = SplitGemm<T>(kDownStep, gemm, down_lt, act, t.down_weight, down_partial, m, R, width, splits, stream);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = SplitGemm<T>(kInjectStep, gemm, inject_lt, act, t.inject_weight, inject_partial, m, C, width, splits,
+                              stream);
+        !s.ok()) {
+      return s;
+    }
+    const SplitReduceArgs<T> reduce{down_partial, inject_partial, HcPartialStride(m, R), HcPartialStride(m, C), splits,
+                                    hidden + r0 * R, inject + r0 * C, m * R, m * C, p.silu_alpha};
+    reduce_blocks = ElementwiseBlocks(m * (R + C));
+    HcSplitReduceKernel<T><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
+    if (auto s = CudaFailure("HcSplitReduceKernel", cudaGetLastError()); !s.ok()) return s;
+  }
 
-  const unsigned silu_blocks = ElementwiseBlocks(rows * R);
-  HcSiluKernel<T><<<silu_blocks, kElementwiseThreads, 0, stream>>>(down, rows * R, p.silu_alpha);
-  if (auto s = CudaFailure("HcSiluKernel", cudaGetLastError()); !s.ok()) return s;
-
-  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, down, t.up_weight, up, rows, width, R, stream);
+  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R, stream);
       !s.ok()) {
     return s;
   }
@@ -280,10 +395,13 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   if (debug) {
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMix general path rows=%lld C=%lld H=%lld R=%lld: HcNormKernel "
-                 "grid %u x %d (vec %d), HcSiluKernel grid %u x %d, HcGateEpilogueKernel grid %u x %d (vec %d)\n",
+                 "grid %u x %d (vec %d), down/inject split into %lld K slices of %lld (%s/%s) in chunks of %lld "
+                 "rows, HcSplitReduceKernel grid %u x %d (last chunk), HcGateEpilogueKernel grid %u x %d (vec %d)\n",
                  static_cast<long long>(rows), static_cast<long long>(C), static_cast<long long>(H),
-                 static_cast<long long>(R), norm_blocks, norm_threads, norm_vec, silu_blocks, kElementwiseThreads,
-                 epi_blocks, kElementwiseThreads, epi_vec);
+                 static_cast<long long>(R), norm_blocks, norm_threads, norm_vec, static_cast<long long>(splits),
+                 static_cast<long long>(width / splits), down_lt ? "cuBLASLt" : "fallback kernel",
+                 inject_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(layout.chunk_rows),
+                 reduce_blocks, kElementwiseThreads, epi_blocks, kElementwiseThreads, epi_vec);
   }
   return {};
 }

@@ -44,11 +44,14 @@ struct HcLaunchStatus {
   std::string Message() const;
 };
 
-// Bytes of device scratch LaunchHcGeneral needs (hn, down/hidden, up, inject), 256-byte aligned parts.
+// Bytes of device scratch LaunchHcGeneral needs, 256-byte aligned parts: hn and up (rows * C*H), hidden
+// (rows * R), inject (rows * C) in T, plus the fp32 partials of one row chunk of the split down and inject
+// products: splits * (HcPartialStride(m, R) + HcPartialStride(m, C)) floats with splits = HcSplitCount(C*H),
+// m = min(rows, chunk rows) (hc_gemm.h, hc_general.cu).
 size_t HcGeneralScratchBytes(const HcLowRankMixParams& params, size_t element_size);
 
-// The general path: norm kernel, three cuBLASLt GEMMs, ScaledSiLU and gate epilogue kernels, all on
-// `stream`. Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes.
+// The general path: norm kernel, split-K cuBLASLt GEMMs for down and inject with their fixed-order
+// reduction (+ ScaledSiLU), the up cuBLASLt GEMM and the gate epilogue kernel, all on `stream`. Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes.
 // T is float, __half or __nv_bfloat16. Never throws and never synchronizes.
 template <typename T>
 HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
