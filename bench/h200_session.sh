@@ -16,7 +16,7 @@ if [ "$mode" = tests ]; then
     > "$out/tests.log" 2>&1
   grep -E "passed|failed|Error|error" "$out/tests.log" | tail -15
 fi
-HCFUSE_DEBUG=1 python3 - <<'PY' 2>&1 | grep -E "fast path|general path" | sort -u | head -8
+HCFUSE_DEBUG=1 python3 - <<'PY' 2>&1 | grep -E "fast path|general path|GEMM" | sort -u | head -30
 import numpy as np, onnxruntime as ort, ml_dtypes, hcfuse
 from models.hc_block import make_fused_node_model, random_weights, random_activations
 from tests._compare import run_bound

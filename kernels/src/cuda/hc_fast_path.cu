@@ -35,8 +35,22 @@ using cuda::RoundToT;
 using cuda::ToFloat;
 
 constexpr int kRowTile = 16;  // rows per pass: the M of mma.m16n8k16
-constexpr int kStage1Threads = 384;
+// Thread counts and register caps that let two blocks' worth of CTAs (2 x stage 1 + 2 x stage 2, each
+// ~55 KB of shared memory at decode sizes) share one SM, so the next node's weights stream in while
+// this node computes.
+constexpr int kStage1Threads = 256;
 constexpr int kStage2Threads = 320;
+constexpr int kMinCtasPerSm = 4;
+
+// Ablations for bench/README.md's "where the time goes" (build with -DHCFUSE_FAST_ABLATE=<bits>;
+// results are then wrong): 1 skips the weight loads, 2 returns right after the grid-dependency wait,
+// 4 skips the tensor-core products.
+#ifndef HCFUSE_FAST_ABLATE
+#define HCFUSE_FAST_ABLATE 0
+#endif
+constexpr bool kAblateWeights = (HCFUSE_FAST_ABLATE & 1) != 0;
+constexpr bool kAblateWork = (HCFUSE_FAST_ABLATE & 2) != 0;
+constexpr bool kAblateMma = (HCFUSE_FAST_ABLATE & 4) != 0;
 constexpr int kParts = static_cast<int>(kHcFastSsParts);
 static_assert(kParts % 4 == 0 && kParts % 8 == 0, "whole sum-of-squares parts per rank of a 4- or 8-CTA cluster");
 
@@ -277,7 +291,7 @@ struct Stage2Layout {
 // ------------------------------------------------------------------------------------------------
 // Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue.
 template <typename T, int CL, bool PRO>
-__global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
+__global__ void __launch_bounds__(kStage1Threads, kMinCtasPerSm) HcFastStage1Kernel(
     HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Stage1Layout layout(d, CL);
@@ -303,6 +317,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   for (int idx = tid; idx < d.lda1; idx += blockDim.x) a_tile[d.rt * d.lda1 + idx] = FromFloat<T>(0.0f);
 
   auto load_weights = [&] {
+    if constexpr (kAblateWeights) return;
     const int chunks = d.R / 8;  // 16-byte pieces of a down_weight row
     for (int idx = tid; idx < d.ks * chunks; idx += blockDim.x) {
       const int k = idx / chunks, j = (idx % chunks) * 8;
@@ -321,8 +336,23 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   if constexpr (CL > 1) ClusterArriveRelaxed();
   WaitOnProducer();  // streams / prev_* come from upstream nodes; scratch was read by the last stage 2
   if (!weights_are_constant) load_weights();
+  if constexpr (kAblateWork) {
+    CpAsyncWaitAll();
+    if constexpr (CL > 1) ClusterWait();
+    return;
+  }
 
   const int L = d.H / kParts;  // features in one part of a branch
+  // S of four slice features q.. of pass row i (global row `row`): to shared memory and streams_out.
+  auto StoreSlice = [&](const float (&s)[4], int i, int q, size_t row) {
+    *reinterpret_cast<float4*>(s_slice + i * d.ks + q) = make_float4(s[0], s[1], s[2], s[3]);
+    if (args.streams_out != nullptr) {
+      cuda::Vec<T, 4> out;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out.v[j] = FromFloat<T>(s[j]);
+      cuda::StoreVec<T, 4>(args.streams_out + row * d.K + k0 + q, out);
+    }
+  };
   const int ksteps = d.ks / 16;
   const int ntiles = d.R / 8 + 1;          // down's column tiles, then inject's (padded)
   const int c_begin = rank * d.per1, c_len = max(0, min(d.np, c_begin + d.per1) - c_begin);
@@ -340,10 +370,12 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
       __syncthreads();  // red of the last pass is read
     }
 
-    // A: one warp per (part, row) pair sums that part's squares (lane-strided, then a butterfly),
-    // and one warp per row forms S of the slice (kept in shared memory, copied to streams_out).
+    // A: one warp per (part, row) pair sums that part's squares (lane-strided, then a butterfly) and
+    // forms S of the slice where the part covers it (kept in shared memory, copied to streams_out);
+    // with cluster part sums the slice lies elsewhere and one more warp per row forms it.
     const int part_pairs = d.ss_parts * nr;
-    for (int pair = warp; pair < part_pairs + nr; pair += num_warps) {
+    const int slice_pairs = d.ss_local ? 0 : nr;
+    for (int pair = warp; pair < part_pairs + slice_pairs; pair += num_warps) {
       const int i = pair < part_pairs ? pair / d.ss_parts : pair - part_pairs;
       const size_t row = r0 + i;
       const T* srow = args.streams + row * d.K + branch * d.H;
@@ -358,6 +390,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
           LoadS4<T, PRO>(srow + p * L + q, PRO ? prow + p * L + q : nullptr, gate, s);
 #pragma unroll
           for (int j = 0; j < 4; ++j) ss = cuda::MulAdd(s[j], s[j], ss);
+          if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) StoreSlice(s, i, p * L + q - h0, row);
         }
         ss = cuda::WarpSum(ss);
         if (lane == 0) {
@@ -371,13 +404,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
         for (int q = lane * 4; q < d.ks; q += 128) {
           float s[4];
           LoadS4<T, PRO>(srow + h0 + q, PRO ? prow + h0 + q : nullptr, gate, s);
-          *reinterpret_cast<float4*>(s_slice + i * d.ks + q) = make_float4(s[0], s[1], s[2], s[3]);
-          if (args.streams_out != nullptr) {
-            cuda::Vec<T, 4> out;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) out.v[j] = FromFloat<T>(s[j]);
-            cuda::StoreVec<T, 4>(args.streams_out + row * d.K + k0 + q, out);
-          }
+          StoreSlice(s, i, q, row);
         }
       }
     }
@@ -412,7 +439,11 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
 #pragma unroll
       for (int u = 0; u < 4; ++u) n0[u] = t0 + u * num_warps < ntiles ? (t0 + u * num_warps) * 8 : -1;
       float acc[4][4];
-      WarpMma<T, 4, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
+      if constexpr (kAblateMma) {
+        for (auto& tile_acc : acc) tile_acc[0] = tile_acc[1] = tile_acc[2] = tile_acc[3] = 0.0f;
+      } else {
+        WarpMma<T, 4, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
+      }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         if (n0[u] < 0) continue;
@@ -448,7 +479,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
 // ------------------------------------------------------------------------------------------------
 // Stage 2.
 template <typename T, int CL>
-__global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
+__global__ void __launch_bounds__(kStage2Threads, kMinCtasPerSm) HcFastStage2Kernel(
     HcFastArgs<T> args, FastDims d, const float* __restrict__ partials, const T* __restrict__ hn_in,
     bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -471,6 +502,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   }
 
   auto load_weights = [&] {
+    if constexpr (kAblateWeights) return;
     const int pieces = d.C * segs;  // 8-byte pieces in one row of the tile
     for (int idx = tid; idx < d.R * pieces; idx += blockDim.x) {
       const int r = idx / pieces, p = idx % pieces, c = p / segs, j = (p % segs) * 4;
@@ -483,6 +515,11 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   if constexpr (CL > 1) ClusterArriveRelaxed();
   WaitOnProducer();  // stage 1's partials and hn
   if (!weights_are_constant) load_weights();
+  if constexpr (kAblateWork) {
+    CpAsyncWaitAll();
+    if constexpr (CL > 1) ClusterWait();
+    return;
+  }
 
   const bool share = CL > 1 && !d.hidden_local;  // hidden slices pushed to the cluster's peers
   const int r_begin = share ? rank * d.per2 : 0;
@@ -534,7 +571,11 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     for (int t = warp; t < d.n2 / 8; t += num_warps) {
       const int n0[1] = {t * 8};
       float acc[1][4];
-      WarpMma<T, 1, 4>(a_tile, d.rt, d.lda2, tile, d.ldu, d.rp / 16, n0, acc);
+      if constexpr (kAblateMma) {
+        acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
+      } else {
+        WarpMma<T, 1, 4>(a_tile, d.rt, d.lda2, tile, d.ldu, d.rp / 16, n0, acc);
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = (lane >> 2) + (e >> 1) * 8;
@@ -577,7 +618,7 @@ FastDims MakeDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& 
   const int ctas2 = static_cast<int>(HcFastStage2Ctas(p, cluster));
   d.hs = ctas2 > 0 ? d.H / ctas2 : 0;
   d.n2 = d.C * d.hs;
-  d.ldu = static_cast<int>(HcFastPaddedStride(d.n2));
+  d.ldu = d.n2;  // unpadded (HcFastStage2TileBytes)
   d.rp = static_cast<int>(HcFastRoundUp(p.R, 16));
   d.lda2 = static_cast<int>(HcFastPaddedStride(d.rp));
   d.per2 = static_cast<int>(HcFastRoundUp((p.R + cluster - 1) / cluster, 8));

@@ -50,8 +50,10 @@ inline int64_t HcFastStage1TileBytes(const HcLowRankMixParams& p, int64_t ks) {
   return ks * HcFastPaddedStride(p.R + 8) * 2;
 }
 // Stage 2 weight tile: R (rounded up to 16) rows of the C * hs columns a CTA owns.
+// (Its rows are not padded: ldmatrix meets at most 2-way bank conflicts there, and the smaller tile
+// lets two stage 2 CTAs share an SM with two stage 1 CTAs.)
 inline int64_t HcFastStage2TileBytes(const HcLowRankMixParams& p, int64_t hs) {
-  return HcFastRoundUp(p.R, 16) * HcFastPaddedStride(p.C * hs) * 2;
+  return HcFastRoundUp(p.R, 16) * p.C * hs * 2;
 }
 
 // Stage 1 CTAs per branch: each takes a K slice of ks = H / ctas features of one branch (ks a

@@ -107,11 +107,18 @@ bool HcLtGemm::ValidForAllRows(const Key& key, Plan& plan, const cublasLtMatmulA
   for (int64_t M : kProbeRows) {
     RowLayouts rows;
     cublasLtMatmulHeuristicResult_t check = {};
-    if (InitRowLayouts(&rows, static_cast<cudaDataType_t>(ab_type), static_cast<cudaDataType_t>(cd_type), M, N, K,
-                       splits) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulAlgoCheck(handle_, &plan.desc, &plan.weight, &rows.act, &rows.out, &rows.out, &algo, &check) !=
-            CUBLAS_STATUS_SUCCESS ||
-        check.workspaceSize != 0) {
+    const cublasStatus_t layout = InitRowLayouts(&rows, static_cast<cudaDataType_t>(ab_type),
+                                                 static_cast<cudaDataType_t>(cd_type), M, N, K, splits);
+    const cublasStatus_t status =
+        layout != CUBLAS_STATUS_SUCCESS
+            ? layout
+            : cublasLtMatmulAlgoCheck(handle_, &plan.desc, &plan.weight, &rows.act, &rows.out, &rows.out, &algo, &check);
+    if (status != CUBLAS_STATUS_SUCCESS || check.workspaceSize != 0) {
+      if (debug_) {
+        std::fprintf(stderr, "hcfuse: general path GEMM N=%lld K=%lld: M=%lld: %s, workspace %zu\n",
+                     static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(M),
+                     cublasLtGetStatusName(status), check.workspaceSize);
+      }
       return false;
     }
   }
@@ -160,8 +167,18 @@ cublasStatus_t HcLtGemm::BuildPlan(const Key& key, Plan& plan) {
     const auto& r = results[i];
     const uint32_t split_k = AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
     const uint32_t reduction = AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 0);
-    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize != 0 || split_k > 1 ||
-        reduction != CUBLASLT_REDUCTION_SCHEME_NONE || !ValidForAllRows(key, plan, r.algo)) {
+    const char* rejected = r.state != CUBLAS_STATUS_SUCCESS                 ? "state"
+                           : r.workspaceSize != 0                          ? "needs workspace"
+                           : split_k > 1                                   ? "split-K"
+                           : reduction != CUBLASLT_REDUCTION_SCHEME_NONE ? "reduction scheme"
+                           : !ValidForAllRows(key, plan, r.algo)          ? "invalid for some row count"
+                                                                           : nullptr;
+    if (rejected != nullptr) {
+      if (debug_) {
+        std::fprintf(stderr, "hcfuse: general path GEMM N=%lld K=%lld splits=%lld: candidate %d of %d rejected (%s)\n",
+                     static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(splits), i, returned,
+                     rejected);
+      }
       continue;
     }
     if (debug_) {
