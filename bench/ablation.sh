@@ -7,13 +7,13 @@
 set -uo pipefail
 out=${OUT:-h200_out}/ablation
 rows=${*:-1 4 16}
-for bits in 0 1 2 3 4; do
+for bits in ${ABLATE_BITS:-0 1 2 3 4}; do
   (cmake -S kernels -B /tmp/ablate$bits -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
      -DCMAKE_CUDA_FLAGS="-DHCFUSE_FAST_ABLATE=$bits" -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?}" > /dev/null &&
    ninja -C /tmp/ablate$bits > /dev/null) &
 done
 wait
-for bits in 0 1 2 3 4; do
+for bits in ${ABLATE_BITS:-0 1 2 3 4}; do
   HCFUSE_LIBRARY=/tmp/ablate$bits/libhcfuse_ops.so timeout 120 python3 bench/bench_decode.py \
     --out "$out/$bits" --rows $rows --dtypes bf16 --variants fast --reps 5 > /dev/null 2>&1
   echo "ablate=$bits: $(grep '^| bf16' "$out/$bits/decode.md" | awk -F'|' '{printf "%s:%s ", $3, $4}')"

@@ -35,12 +35,8 @@ using cuda::RoundToT;
 using cuda::ToFloat;
 
 constexpr int kRowTile = 16;  // rows per pass: the M of mma.m16n8k16
-// Thread counts and register caps that let two blocks' worth of CTAs (2 x stage 1 + 2 x stage 2, each
-// ~55 KB of shared memory at decode sizes) share one SM, so the next node's weights stream in while
-// this node computes.
-constexpr int kStage1Threads = 256;
+constexpr int kStage1Threads = 384;
 constexpr int kStage2Threads = 320;
-constexpr int kMinCtasPerSm = 4;
 
 // Ablations for bench/README.md's "where the time goes" (build with -DHCFUSE_FAST_ABLATE=<bits>;
 // results are then wrong): 1 skips the weight loads, 2 returns right after the grid-dependency wait,
@@ -64,6 +60,7 @@ struct FastDims {
   int per1;           // stage 1: partial columns each cluster rank reduces
   int groups, g4;     // partial sets stage 2 adds (stage 1 CTAs / cluster), padded to 4
   int hs, n2, ldu;    // stage 2: features per CTA, C * hs columns, weight tile stride
+  int piece;          // stage 2: elements per copy (8: 16-byte copies, 4: 8-byte copies)
   int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
   int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
   bool ss_local, hidden_local, has_prologue;
@@ -291,7 +288,7 @@ struct Stage2Layout {
 // ------------------------------------------------------------------------------------------------
 // Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue.
 template <typename T, int CL, bool PRO>
-__global__ void __launch_bounds__(kStage1Threads, kMinCtasPerSm) HcFastStage1Kernel(
+__global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   const Stage1Layout layout(d, CL);
@@ -479,7 +476,7 @@ __global__ void __launch_bounds__(kStage1Threads, kMinCtasPerSm) HcFastStage1Ker
 // ------------------------------------------------------------------------------------------------
 // Stage 2.
 template <typename T, int CL>
-__global__ void __launch_bounds__(kStage2Threads, kMinCtasPerSm) HcFastStage2Kernel(
+__global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     HcFastArgs<T> args, FastDims d, const float* __restrict__ partials, const T* __restrict__ hn_in,
     bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -492,7 +489,15 @@ __global__ void __launch_bounds__(kStage2Threads, kMinCtasPerSm) HcFastStage2Ker
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, num_warps = blockDim.x >> 5;
   const int h0 = blockIdx.x * d.hs;
   const int rank = CL > 1 ? ClusterRank() : 0;
-  const int segs = d.hs / 4;  // 8-byte pieces of one branch's hs features
+  const int segs = d.hs / d.piece;  // copy pieces of one branch's hs features
+  // one piece of `piece` elements: 16-byte copies where hs allows (sector-aligned), else 8-byte ones
+  auto copy_piece = [&](T* dst, const T* src) {
+    if (d.piece == 8) {
+      CpAsync<16>(dst, src);
+    } else {
+      CpAsync<8>(dst, src);
+    }
+  };
 
   // Rows R..rp of the tile and columns R..rp of the A tile pad K to whole mma steps, and the A tile's
   // last row stands in for missing rows: zero.
@@ -503,10 +508,10 @@ __global__ void __launch_bounds__(kStage2Threads, kMinCtasPerSm) HcFastStage2Ker
 
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
-    const int pieces = d.C * segs;  // 8-byte pieces in one row of the tile
+    const int pieces = d.C * segs;  // copy pieces in one row of the tile
     for (int idx = tid; idx < d.R * pieces; idx += blockDim.x) {
-      const int r = idx / pieces, p = idx % pieces, c = p / segs, j = (p % segs) * 4;
-      CpAsync<8>(tile + r * d.ldu + c * d.hs + j, args.up_weight + static_cast<size_t>(r) * d.K + c * d.H + h0 + j);
+      const int r = idx / pieces, p = idx % pieces, c = p / segs, j = (p % segs) * d.piece;
+      copy_piece(tile + r * d.ldu + c * d.hs + j, args.up_weight + static_cast<size_t>(r) * d.K + c * d.H + h0 + j);
     }
     CpAsyncCommit();
   };
@@ -537,8 +542,8 @@ __global__ void __launch_bounds__(kStage2Threads, kMinCtasPerSm) HcFastStage2Ker
     }
     // hn of this CTA's columns for the pre-mix, in flight while the partials are added
     for (int idx = tid; idx < nr * d.C * segs; idx += blockDim.x) {
-      const int i = idx / (d.C * segs), p = idx % (d.C * segs), c = p / segs, j = (p % segs) * 4;
-      CpAsync<8>(hn_s + i * d.n2 + c * d.hs + j, hn_in + static_cast<size_t>(r0 + i) * d.K + c * d.H + h0 + j);
+      const int i = idx / (d.C * segs), p = idx % (d.C * segs), c = p / segs, j = (p % segs) * d.piece;
+      copy_piece(hn_s + i * d.n2 + c * d.hs + j, hn_in + static_cast<size_t>(r0 + i) * d.K + c * d.H + h0 + j);
     }
     CpAsyncCommit();
     // down -> hidden for this CTA's share of R (rounding points: down, Z, SG, hidden), and (CTA 0)
@@ -618,7 +623,8 @@ FastDims MakeDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& 
   const int ctas2 = static_cast<int>(HcFastStage2Ctas(p, cluster));
   d.hs = ctas2 > 0 ? d.H / ctas2 : 0;
   d.n2 = d.C * d.hs;
-  d.ldu = d.n2;  // unpadded (HcFastStage2TileBytes)
+  d.ldu = static_cast<int>(HcFastPaddedStride(d.n2));
+  d.piece = d.hs % 8 == 0 ? 8 : 4;
   d.rp = static_cast<int>(HcFastRoundUp(p.R, 16));
   d.lda2 = static_cast<int>(HcFastPaddedStride(d.rp));
   d.per2 = static_cast<int>(HcFastRoundUp((p.R + cluster - 1) / cluster, 8));

@@ -14,7 +14,7 @@ inline constexpr int64_t kHcFastClusterSize = 8;           // CTAs per thread-bl
 inline constexpr int64_t kHcFastMaxTileBytes = 64 * 1024;  // weight tile per CTA in shared memory
 inline constexpr int64_t kHcFastSsParts = 8;               // a branch's sum of squares: 8 fixed parts
 inline constexpr int64_t kHcFastMaxStage1Ctas = 128;       // about one CTA per SM of an H100/H200
-inline constexpr int64_t kHcFastMaxStage2Ctas = 128;
+inline constexpr int64_t kHcFastMaxStage2Ctas = 160;  // with 16-byte pieces (hs % 8 == 0); else 128
 // Row counts up to which the glue picks the fast path by itself (bench/bench_decode.py, H200).
 inline constexpr int64_t kHcFastMaxAutoRows = 32;
 
@@ -50,10 +50,8 @@ inline int64_t HcFastStage1TileBytes(const HcLowRankMixParams& p, int64_t ks) {
   return ks * HcFastPaddedStride(p.R + 8) * 2;
 }
 // Stage 2 weight tile: R (rounded up to 16) rows of the C * hs columns a CTA owns.
-// (Its rows are not padded: ldmatrix meets at most 2-way bank conflicts there, and the smaller tile
-// lets two stage 2 CTAs share an SM with two stage 1 CTAs.)
 inline int64_t HcFastStage2TileBytes(const HcLowRankMixParams& p, int64_t hs) {
-  return HcFastRoundUp(p.R, 16) * p.C * hs * 2;
+  return HcFastRoundUp(p.R, 16) * HcFastPaddedStride(p.C * hs) * 2;
 }
 
 // Stage 1 CTAs per branch: each takes a K slice of ks = H / ctas features of one branch (ks a
@@ -67,11 +65,17 @@ inline int64_t HcFastStage1CtasPerBranch(const HcLowRankMixParams& p, int64_t cl
 }
 
 // Stage 2 CTAs: each takes hs = H / ctas features of every branch (C * hs columns, a whole number
-// of 8-column mma tiles, hs a multiple of 4 for 8-byte copies). 0: no tiling.
+// of 8-column mma tiles). Preferred: hs a multiple of 8, so every up_weight row piece is 16-byte
+// copies of whole 32-byte sectors (the real shape: 160 CTAs of 16 features); else hs a multiple of
+// 4 (8-byte copies), at most 128 CTAs. 0: no tiling.
 inline int64_t HcFastStage2Ctas(const HcLowRankMixParams& p, int64_t cluster) {
-  for (int64_t ctas = kHcFastMaxStage2Ctas; ctas >= 1; --ctas) {
-    if (p.H % ctas != 0 || (p.H / ctas) % 4 != 0 || (p.C * (p.H / ctas)) % 8 != 0 || ctas % cluster != 0) continue;
-    return HcFastStage2TileBytes(p, p.H / ctas) <= kHcFastMaxTileBytes ? ctas : 0;
+  for (const int64_t piece : {8, 4}) {
+    for (int64_t ctas = piece == 8 ? kHcFastMaxStage2Ctas : 128; ctas >= 1; --ctas) {
+      const int64_t hs = p.H / ctas;
+      if (p.H % ctas != 0 || hs % piece != 0 || (p.C * hs) % 8 != 0 || ctas % cluster != 0) continue;
+      if (HcFastStage2TileBytes(p, hs) > kHcFastMaxTileBytes) break;  // fewer CTAs only grow the tile
+      return ctas;
+    }
   }
   return 0;
 }

@@ -113,7 +113,7 @@ bool HcLtGemm::ValidForAllRows(const Key& key, Plan& plan, const cublasLtMatmulA
         layout != CUBLAS_STATUS_SUCCESS
             ? layout
             : cublasLtMatmulAlgoCheck(handle_, &plan.desc, &plan.weight, &rows.act, &rows.out, &rows.out, &algo, &check);
-    if (status != CUBLAS_STATUS_SUCCESS || check.workspaceSize != 0) {
+    if (status != CUBLAS_STATUS_SUCCESS || check.workspaceSize > kWorkspaceBytes) {
       if (debug_) {
         std::fprintf(stderr, "hcfuse: general path GEMM N=%lld K=%lld: M=%lld: %s, workspace %zu\n",
                      static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(M),
@@ -144,8 +144,9 @@ cublasStatus_t HcLtGemm::BuildPlan(const Key& key, Plan& plan) {
                                        static_cast<cudaDataType_t>(cd_type), plan_rows, N, K, splits));
   Preference pref;
   HC_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref.p));
-  // No workspace: scratch comes only from ORT's allocator, and cuBLASLt's split-K needs one anyway.
-  HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{0}));
+  // A small workspace only (the caller's, from ORT's allocator): enough for the few bytes some
+  // algorithms ask for, never for a split-K reduction (excluded below anyway).
+  HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes}));
   // One sequential dot product per output (per slice): no cuBLASLt split-K, no partial sums reduced
   // in T or elsewhere; the only K split is ours, with its fixed-order reduction.
   HC_LT_RETURN_IF_ERROR(pref.Set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
@@ -168,7 +169,7 @@ cublasStatus_t HcLtGemm::BuildPlan(const Key& key, Plan& plan) {
     const uint32_t split_k = AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
     const uint32_t reduction = AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, 0);
     const char* rejected = r.state != CUBLAS_STATUS_SUCCESS                 ? "state"
-                           : r.workspaceSize != 0                          ? "needs workspace"
+                           : r.workspaceSize > kWorkspaceBytes             ? "needs more workspace"
                            : split_k > 1                                   ? "split-K"
                            : reduction != CUBLASLT_REDUCTION_SCHEME_NONE ? "reduction scheme"
                            : !ValidForAllRows(key, plan, r.algo)          ? "invalid for some row count"
@@ -197,7 +198,7 @@ cublasStatus_t HcLtGemm::BuildPlan(const Key& key, Plan& plan) {
   if (debug_) {
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMix general path GEMM N=%lld K=%lld splits=%lld type=%d out "
-                 "type=%d: cuBLASLt offers no algorithm without split-K and workspace valid for every row count; "
+                 "type=%d: cuBLASLt offers no algorithm without split-K valid for every row count; "
                  "the fallback kernel runs it\n",
                  static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(splits), ab_type,
                  cd_type);
@@ -241,7 +242,7 @@ cublasStatus_t HcLtGemm::Availability(const T* act, const T* weight, const Out* 
 
 template <typename T, typename Out>
 cublasStatus_t HcLtGemm::Matmul(const T* act, const T* weight, Out* out, int64_t M, int64_t N, int64_t K,
-                                int64_t splits, cudaStream_t stream) {
+                                int64_t splits, void* workspace, cudaStream_t stream) {
   if (splits < 1 || K % splits != 0) return CUBLAS_STATUS_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(mu_);  // held through cublasLtMatmul: it reads the plan's descriptors
   HC_LT_RETURN_IF_ERROR(EnsureHandle());
@@ -255,7 +256,7 @@ cublasStatus_t HcLtGemm::Matmul(const T* act, const T* weight, Out* out, int64_t
   auto* desc = const_cast<cublasLtMatmulDescOpaque_t*>(&plan->desc);
   auto* weight_layout = const_cast<cublasLtMatrixLayoutOpaque_t*>(&plan->weight);
   return cublasLtMatmul(handle_, desc, &alpha, weight, weight_layout, act, &rows.act, &beta, out, &rows.out, out,
-                        &rows.out, &plan->algo, /*workspace=*/nullptr, 0, stream);
+                        &rows.out, &plan->algo, workspace, kWorkspaceBytes, stream);
 }
 
 template <typename T>
@@ -272,21 +273,21 @@ cublasStatus_t HcLtGemm::AvailableSplit(const T* act, const T* weight, const flo
 
 template <typename T>
 cublasStatus_t HcLtGemm::Run(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K,
-                             cudaStream_t stream) {
-  return Matmul<T, T>(act, weight, out, M, N, K, 1, stream);
+                             void* workspace, cudaStream_t stream) {
+  return Matmul<T, T>(act, weight, out, M, N, K, 1, workspace, stream);
 }
 
 template <typename T>
 cublasStatus_t HcLtGemm::RunSplit(const T* act, const T* weight, float* partial, int64_t M, int64_t N, int64_t K,
-                                  int64_t splits, cudaStream_t stream) {
-  return Matmul<T, float>(act, weight, partial, M, N, K, splits, stream);
+                                  int64_t splits, void* workspace, cudaStream_t stream) {
+  return Matmul<T, float>(act, weight, partial, M, N, K, splits, workspace, stream);
 }
 
 #define HC_INSTANTIATE_LT_GEMM(T)                                                                                   \
-  template cublasStatus_t HcLtGemm::Run<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, cudaStream_t);      \
+  template cublasStatus_t HcLtGemm::Run<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, void*, cudaStream_t); \
   template cublasStatus_t HcLtGemm::Available<T>(const T*, const T*, const T*, int64_t, int64_t, bool*);           \
   template cublasStatus_t HcLtGemm::RunSplit<T>(const T*, const T*, float*, int64_t, int64_t, int64_t, int64_t,   \
-                                                cudaStream_t);                                                     \
+                                                void*, cudaStream_t);                                              \
   template cublasStatus_t HcLtGemm::AvailableSplit<T>(const T*, const T*, const float*, int64_t, int64_t, int64_t, \
                                                       bool*);
 HC_INSTANTIATE_LT_GEMM(float)

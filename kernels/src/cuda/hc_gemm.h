@@ -13,7 +13,9 @@
 // Row independence: cuBLASLt's heuristic picks a different kernel (tile, split-K) per M, and a
 // different kernel may sum in a different order. HcLtGemm therefore picks ONE algorithm per
 // (types, N, K, splits, alignments) - with M fixed to the plan rows - with cuBLASLt's own split-K and
-// every other reduction scheme excluded and no workspace, and runs it for every M. A row's dot
+// every other reduction scheme excluded, and runs it for every M. cuBLASLt 13 asks even those
+// algorithms for a few bytes of workspace at some M (4 bytes were seen): the caller passes a
+// kWorkspaceBytes buffer from its scratch (ORT's allocator). A row's dot
 // products then always go through the same kernel and the same K order, whatever the batch. The
 // algorithm must pass cublasLtMatmulAlgoCheck for a spread of row counts; where none does,
 // Available()/AvailableSplit() say so and the caller runs its fallback kernel for every M.
@@ -63,6 +65,8 @@ class HcLtGemm {
   // row count), and split products (which exist for few rows: the general path at decode sizes).
   static constexpr int64_t kPlanRows = 256;
   static constexpr int64_t kSplitPlanRows = 64;
+  // Workspace every Run/RunSplit call gets (256-byte aligned); algorithms needing more are not taken.
+  static constexpr size_t kWorkspaceBytes = 64 * 1024;
 
   // debug: print each planned algorithm to stderr (HCFUSE_DEBUG=1).
   explicit HcLtGemm(bool debug) : debug_(debug) {}
@@ -82,13 +86,14 @@ class HcLtGemm {
   // Plain: out[M, N] = act @ weight rounded to T. T is float, __half or __nv_bfloat16. `stream` is the
   // caller's (ORT's compute) stream.
   template <typename T>
-  cublasStatus_t Run(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+  cublasStatus_t Run(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K, void* workspace,
+                     cudaStream_t stream);
   // Split: partial[b * HcPartialStride(M, N) + m * N + n] = fp32 sum over k in [b*K/splits, (b+1)*K/splits)
   // of act[m, k] * weight[k, n], for b < splits (K divisible by splits). partial holds
   // splits * HcPartialStride(M, N) floats.
   template <typename T>
   cublasStatus_t RunSplit(const T* act, const T* weight, float* partial, int64_t M, int64_t N, int64_t K,
-                          int64_t splits, cudaStream_t stream);
+                          int64_t splits, void* workspace, cudaStream_t stream);
 
  private:
   // (A/B data type, C/D data type, N, K, splits, alignment of act, weight, out)
@@ -116,7 +121,7 @@ class HcLtGemm {
                               bool* available);
   template <typename T, typename Out>
   cublasStatus_t Matmul(const T* act, const T* weight, Out* out, int64_t M, int64_t N, int64_t K, int64_t splits,
-                        cudaStream_t stream);
+                        void* workspace, cudaStream_t stream);
 
   const bool debug_;
   // Guards handle_ creation, plans_, and each cublasLtMatmul call that reads a plan's descriptors

@@ -245,10 +245,10 @@ HcLaunchStatus CublasFailure(const char* step, cublasStatus_t e) {
 // kernel where there is none.
 template <typename T>
 HcLaunchStatus Gemm(const char* step, HcLtGemm& gemm, const T* act, const T* weight, T* out, int64_t M, int64_t N,
-                    int64_t K, cudaStream_t stream) {
+                    int64_t K, void* workspace, cudaStream_t stream) {
   bool available = false;
   if (auto s = CublasFailure(step, gemm.Available<T>(act, weight, out, N, K, &available)); !s.ok()) return s;
-  if (available) return CublasFailure(step, gemm.Run<T>(act, weight, out, M, N, K, stream));
+  if (available) return CublasFailure(step, gemm.Run<T>(act, weight, out, M, N, K, workspace, stream));
   const unsigned blocks = static_cast<unsigned>(std::min(M, kMaxRowBlocks));
   HcFallbackGemmKernel<T, T><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, out, M, N, K, 1, 0);
   return CudaFailure("HcFallbackGemmKernel", cudaGetLastError());
@@ -258,8 +258,9 @@ HcLaunchStatus Gemm(const char* step, HcLtGemm& gemm, const T* act, const T* wei
 // where `use_lt` (AvailableSplit, asked once per launch), else the fallback kernel.
 template <typename T>
 HcLaunchStatus SplitGemm(const char* step, HcLtGemm& gemm, bool use_lt, const T* act, const T* weight,
-                         float* partial, int64_t M, int64_t N, int64_t K, int64_t splits, cudaStream_t stream) {
-  if (use_lt) return CublasFailure(step, gemm.RunSplit<T>(act, weight, partial, M, N, K, splits, stream));
+                         float* partial, int64_t M, int64_t N, int64_t K, int64_t splits, void* workspace,
+                         cudaStream_t stream) {
+  if (use_lt) return CublasFailure(step, gemm.RunSplit<T>(act, weight, partial, M, N, K, splits, workspace, stream));
   const unsigned blocks = static_cast<unsigned>(std::min(M * splits, kMaxRowBlocks));
   HcFallbackGemmKernel<T, float><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, partial, M, N, K, splits,
                                                                               HcPartialStride(M, N));
@@ -285,11 +286,13 @@ int64_t SplitChunkRows(const HcLowRankMixParams& p) {
 
 // The scratch: hn, up (rows, C*H); hidden (rows, R); inject (rows, C) in T; then the fp32 partials
 // of one chunk of m = min(rows, SplitChunkRows) rows: splits slices of down (HcPartialStride(m, R)
-// floats each), then splits slices of inject (HcPartialStride(m, C) floats each). Every part starts
+// floats each), then splits slices of inject (HcPartialStride(m, C) floats each), then cuBLASLt's
+// workspace (HcLtGemm::kWorkspaceBytes). Every part starts
 // 256-byte aligned (offsets from the base are multiples of kScratchAlign).
 struct ScratchLayout {
   int64_t splits = 1, chunk_rows = 0;  // chunk_rows = min(rows, SplitChunkRows(p))
-  size_t hn = 0, up = 0, hidden = 0, inject = 0, down_partial = 0, inject_partial = 0, total = 0;  // byte offsets
+  size_t hn = 0, up = 0, hidden = 0, inject = 0, down_partial = 0, inject_partial = 0, workspace = 0,
+         total = 0;  // byte offsets
 };
 
 ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size) {
@@ -305,7 +308,9 @@ ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size
   l.down_partial = l.inject + AlignUp(rows * static_cast<size_t>(p.C) * element_size);
   l.inject_partial =
       l.down_partial + static_cast<size_t>(l.splits * HcPartialStride(l.chunk_rows, p.R)) * sizeof(float);
-  l.total = l.inject_partial + static_cast<size_t>(l.splits * HcPartialStride(l.chunk_rows, p.C)) * sizeof(float);
+  l.workspace =
+      l.inject_partial + static_cast<size_t>(l.splits * HcPartialStride(l.chunk_rows, p.C)) * sizeof(float);
+  l.total = l.workspace + HcLtGemm::kWorkspaceBytes;
   return l;
 }
 
@@ -335,6 +340,7 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   T* inject = reinterpret_cast<T*>(base + layout.inject);
   float* down_partial = reinterpret_cast<float*>(base + layout.down_partial);
   float* inject_partial = reinterpret_cast<float*>(base + layout.inject_partial);
+  void* workspace = base + layout.workspace;  // cuBLASLt's (HcLtGemm::kWorkspaceBytes)
   const int64_t splits = layout.splits;
 
   const NormArgs<T> norm{t.streams, t.norm_scale, t.prev_block_output, t.prev_post_gate, t.streams_out,
@@ -364,12 +370,12 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   for (int64_t r0 = 0; r0 < rows; r0 += layout.chunk_rows) {
     const int64_t m = std::min(layout.chunk_rows, rows - r0);
     const T* act = hn + r0 * width;
-    if (auto s = SplitGemm<T>(kDownStep, gemm, down_lt, act, t.down_weight, down_partial, m, R, width, splits, stream);
+    if (auto s = SplitGemm<T>(kDownStep, gemm, down_lt, act, t.down_weight, down_partial, m, R, width, splits, workspace, stream);
         !s.ok()) {
       return s;
     }
     if (auto s = SplitGemm<T>(kInjectStep, gemm, inject_lt, act, t.inject_weight, inject_partial, m, C, width, splits,
-                              stream);
+                              workspace, stream);
         !s.ok()) {
       return s;
     }
@@ -380,7 +386,7 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     if (auto s = CudaFailure("HcSplitReduceKernel", cudaGetLastError()); !s.ok()) return s;
   }
 
-  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R, stream);
+  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R, workspace, stream);
       !s.ok()) {
     return s;
   }
