@@ -15,8 +15,10 @@ inline constexpr int64_t kHcFastMaxTileBytes = 64 * 1024;  // weight tile per CT
 inline constexpr int64_t kHcFastSsParts = 8;               // a branch's sum of squares: 8 fixed parts
 inline constexpr int64_t kHcFastMaxStage1Ctas = 128;       // about one CTA per SM of an H100/H200
 inline constexpr int64_t kHcFastMaxStage2Ctas = 160;  // with 16-byte pieces (hs % 8 == 0); else 128
-// Row counts up to which the glue picks the fast path by itself (bench/bench_decode.py, H200).
-inline constexpr int64_t kHcFastMaxAutoRows = 32;
+// Row counts up to which the glue picks the fast path by itself: on the H200 (bench/bench_decode.py,
+// bf16 and fp16) it beats the general path and the stock chain up to 16 rows; at 32 rows the general
+// path (32 us per block) is faster than the fast path (50 us).
+inline constexpr int64_t kHcFastMaxAutoRows = 16;
 
 // Tuning of the fast path that never changes a result (every choice sums in the same order):
 // up to ss_local_max_rows rows every stage 1 CTA sums all of its branch's squares itself instead of
