@@ -219,7 +219,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.plot_from:
         with open(args.plot_from) as f:
-            rows = [{k: (v if k == "dtype" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+            rows = [{k: (v if k == "dtype" else int(v) if k == "rows" else float(v)) for k, v in r.items()}
+                    for r in csv.DictReader(f)]
         plot(rows, args.plot_from.with_suffix(".png"))
         return
 

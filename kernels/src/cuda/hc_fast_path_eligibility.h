@@ -26,8 +26,10 @@ inline constexpr int64_t kHcFastMaxAutoRows = 16;
 // all R hidden values itself instead of sharing slices through distributed shared memory.
 // cluster (sm_90 only; 0: kHcFastClusterSize) is the one setting that does change bits: it groups
 // stage 1's partial sums (a rank's CTAs first, then the groups), so it is for benchmarks only.
+// Defaults measured on the H200 (bench/README.md): local sums of squares win at 1 row only, local
+// hidden values never (every CTA would read all partials).
 struct HcFastTuning {
-  int64_t ss_local_max_rows = 4;
+  int64_t ss_local_max_rows = 1;
   int64_t hidden_local_max_rows = 0;
   int64_t cluster = 0;  // 0, 4 or 8
 };
