@@ -5,10 +5,10 @@
 // shared memory (sm_90), then in a fixed order across clusters by stage 2.
 //
 // Stage 1 (HcFastStage1Kernel), one CTA per K slice of ks features of one branch:
-//   the branch's sum of squares per row in 8 fixed parts (every CTA all 8, or one part per cluster
-//   rank pushed to its peers), S and hn of the slice (hn to scratch for stage 2's pre-mix),
+//   the branch's sum of squares per row in 8 fixed parts (every CTA all 8, or 8 / cluster parts per
+//   cluster rank pushed to its peers), S and hn of the slice (hn to scratch for stage 2's pre-mix),
 //   streams_out of the slice, and the slice's share of [down | inject] = hn @ [down_weight |
-//   inject_weight] for 16 rows at once; each cluster rank reduces a column range over the ranks.
+//   inject_weight] for up to 16 rows per pass; each cluster rank reduces a column range over the ranks.
 // Stage 2 (HcFastStage2Kernel), one CTA per hs features h of all C branches (so pre_output is local):
 //   down / inject from the partials (groups in order), ScaledSiLU (all of R, or one slice per cluster
 //   rank pushed to its peers), up = hidden @ up_weight for its C*hs columns, g, pre-mix; CTA 0 also

@@ -287,8 +287,8 @@ int64_t SplitChunkRows(const HcLowRankMixParams& p) {
 // The scratch: hn, up (rows, C*H); hidden (rows, R); inject (rows, C) in T; then the fp32 partials
 // of one chunk of m = min(rows, SplitChunkRows) rows: splits slices of down (HcPartialStride(m, R)
 // floats each), then splits slices of inject (HcPartialStride(m, C) floats each), then cuBLASLt's
-// workspace (HcLtGemm::kWorkspaceBytes). Every part starts
-// 256-byte aligned (offsets from the base are multiples of kScratchAlign).
+// workspace (HcLtGemm::kWorkspaceBytes). Every part starts 256-byte aligned (offsets from the base
+// are multiples of kScratchAlign).
 struct ScratchLayout {
   int64_t splits = 1, chunk_rows = 0;  // chunk_rows = min(rows, SplitChunkRows(p))
   size_t hn = 0, up = 0, hidden = 0, inject = 0, down_partial = 0, inject_partial = 0, workspace = 0,
