@@ -9,8 +9,8 @@ Bounds (stated, in T): streams_out exact; post_gate within 2 ulp of the referenc
 2 ulp measured at the scale of its terms, reduction_scale * sum_c |hn_c| (pre_output sums C terms
 that can cancel, so its own ulp is no yardstick where they do), and bit-exact in at least 95% of the
 cells. The reference sums each dot product sequentially over all K; the fast path sums K in fixed
-slices (per thread, per k group, per cluster rank, per cluster), so an fp32 sum can differ in its
-last bits and flip a rounding to T of down or inject; g then moves by an ulp.
+slices (tensor-core k steps within a CTA's slice, then cluster ranks, then clusters), so an fp32 sum
+can differ in its last bits and flip a rounding to T of down or inject; g then moves by an ulp.
 """
 
 from __future__ import annotations

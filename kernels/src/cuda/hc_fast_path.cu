@@ -48,7 +48,7 @@ constexpr bool kAblateWeights = (HCFUSE_FAST_ABLATE & 1) != 0;
 constexpr bool kAblateWork = (HCFUSE_FAST_ABLATE & 2) != 0;
 constexpr bool kAblateMma = (HCFUSE_FAST_ABLATE & 4) != 0;
 constexpr int kParts = static_cast<int>(kHcFastSsParts);
-static_assert(kParts % 4 == 0 && kParts % 8 == 0, "whole sum-of-squares parts per rank of a 4- or 8-CTA cluster");
+static_assert(kParts % 8 == 0, "whole sum-of-squares parts per rank of a 4- or 8-CTA cluster");
 
 // Run-time tiling shared by both kernels (derived on the host from HcLowRankMixParams).
 struct FastDims {
@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
 
   const int L = d.H / kParts;  // features in one part of a branch
   // S of four slice features q.. of pass row i (global row `row`): to shared memory and streams_out.
-  auto StoreSlice = [&](const float (&s)[4], int i, int q, size_t row) {
+  auto store_slice = [&](const float (&s)[4], int i, int q, size_t row) {
     *reinterpret_cast<float4*>(s_slice + i * d.ks + q) = make_float4(s[0], s[1], s[2], s[3]);
     if (args.streams_out != nullptr) {
       cuda::Vec<T, 4> out;
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
           LoadS4<T, PRO>(srow + p * L + q, PRO ? prow + p * L + q : nullptr, gate, s);
 #pragma unroll
           for (int j = 0; j < 4; ++j) ss = cuda::MulAdd(s[j], s[j], ss);
-          if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) StoreSlice(s, i, p * L + q - h0, row);
+          if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
         }
         ss = cuda::WarpSum(ss);
         if (lane == 0) {
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
         for (int q = lane * 4; q < d.ks; q += 128) {
           float s[4];
           LoadS4<T, PRO>(srow + h0 + q, PRO ? prow + h0 + q : nullptr, gate, s);
-          StoreSlice(s, i, q, row);
+          store_slice(s, i, q, row);
         }
       }
     }
@@ -723,12 +723,19 @@ std::string Summary(const FastDims& d) {
          ", hidden " + (d.hidden_local ? "local" : "shared");
 }
 
+// The fast path runs this call with this cluster size (HCFUSE_FAST_CLUSTER may ask for another size
+// than the one IsHcFastPathSupported tiles with).
+bool Runnable(const HcLowRankMixParams& p, int sm_major, int cluster) {
+  return IsHcFastPathSupported(p, sm_major, 0, 2) && HcFastStage1CtasPerBranch(p, cluster) > 0 &&
+         HcFastStage2Ctas(p, cluster) > 0;
+}
+
 }  // namespace
 
 template <typename T>
 std::string HcFastLaunchSummary(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning) {
-  if (HcFastSharedMemoryBytes(params, sm_major, tuning) == 0) return "not supported";
   const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
+  if (!Runnable(params, sm_major, cluster)) return "not supported";
   const FastDims d = MakeDims(params, cluster, tuning);
   switch (cluster) {
     case 8: return Summary<T, 8>(d);
@@ -749,10 +756,7 @@ size_t HcFastScratchBytes(const HcLowRankMixParams& params) {
 
 size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning) {
   const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
-  if (!IsHcFastPathSupported(params, sm_major, 0, 2) || HcFastStage1CtasPerBranch(params, cluster) == 0 ||
-      HcFastStage2Ctas(params, cluster) == 0) {
-    return 0;
-  }
+  if (!Runnable(params, sm_major, cluster)) return 0;
   const FastDims d = MakeDims(params, cluster, tuning);
   return std::max(Stage1Layout(d, cluster).total, Stage2Layout(d).total);
 }
@@ -764,7 +768,7 @@ cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& pa
   static_assert(sizeof(T) == 2, "the fast path is for float16 and bfloat16");
   if (params.rows == 0) return cudaSuccess;
   const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
-  if (HcFastSharedMemoryBytes(params, sm_major, tuning) == 0 || params.rows > (int64_t{1} << 24) ||
+  if (!Runnable(params, sm_major, cluster) || params.rows > (int64_t{1} << 24) ||
       scratch_bytes < HcFastScratchBytes(params) ||
       !HcFastPointersAligned({args.streams, args.norm_scale, args.down_weight, args.up_weight, args.inject_weight,
                               args.prev_block_output, args.prev_post_gate, args.pre_output, args.post_gate,

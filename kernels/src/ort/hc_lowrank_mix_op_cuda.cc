@@ -68,13 +68,13 @@ HcFastTuning ReadFastTuning() {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
-    const long long rows = std::strtoll(value, &end, 10);
-    if (*end != '\0' || rows < 0) {
+    const long long parsed = std::strtoll(value, &end, 10);
+    if (*end != '\0' || parsed < 0) {
       throw Ort::Exception(std::string(kOpName) + ": " + name + " must be an integer >= 0; got '" +
                                value + "'",
                            ORT_INVALID_ARGUMENT);
     }
-    *field = rows;
+    *field = parsed;
   }
   if (tuning.cluster != 0 && tuning.cluster != 4 && tuning.cluster != 8) {
     throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_CLUSTER must be 4 or 8; got " +
