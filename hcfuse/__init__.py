@@ -23,6 +23,10 @@ _LAZY = {
     "optimize_with_report": "hcfuse.api",
     "unfuse": "hcfuse.api",
     "verify": "hcfuse.api",
+    "optimize_file": "hcfuse.pipeline",
+    "unfuse_file": "hcfuse.pipeline",
+    "infer_shapes_file": "hcfuse.pipeline",
+    "FileResult": "hcfuse.pipeline",
     "infer_shapes": "hcfuse.ort_symbolic_shape",
 }
 

@@ -1,7 +1,9 @@
-"""Public Python API: optimize (fuse), unfuse and verify.
+"""Public Python API: optimize (fuse), unfuse and verify models in memory, and the same on files.
 
 optimize/unfuse take an onnx.ModelProto or an onnx_ir.Model and return the same kind; the input is
 never modified (the work happens on a copy whose weights are shared, not read).
+optimize_file/unfuse_file/infer_shapes_file take paths and do what the ``hcfuse`` command does, with
+its guarantees (hcfuse.pipeline): input untouched, model and data committed together.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from collections.abc import Callable
 import onnx
 import onnx_ir as ir
 
+from hcfuse.pipeline import FileResult, infer_shapes_file, optimize_file, unfuse_file
 from hcfuse.unfusion import unfuse as _unfuse_in_place
 from hcfuse.verification import VerifyResult, verify
 
-__all__ = ["optimize", "optimize_with_report", "unfuse", "verify", "VerifyResult"]
+__all__ = ["FileResult", "VerifyResult", "infer_shapes_file", "optimize", "optimize_file", "optimize_with_report",
+           "unfuse", "unfuse_file", "verify"]
 
 
 def _on_copy(model, transform: Callable[[ir.Model], object]):

@@ -2,122 +2,35 @@
 
 Exit codes: 0 success (zero fusions is a warning), 1 verification failed, 2 usage or I/O error (one
 line on stderr; the traceback only with --debug). Inputs are never modified; outputs are written
-atomically (hcfuse.model_io).
+atomically, model and data together (hcfuse.model_io). The work itself is hcfuse.pipeline's; this
+module parses, prints and maps exceptions to exit codes.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
 import tempfile
-import time
 import traceback
-
-import onnx_ir as ir
 
 from hcfuse import _op, model_io
 from hcfuse.reference import DTYPES_BY_NAME
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_ERROR = 0, 1, 2
-# Models with more weight bytes than this print progress on stderr.
-LARGE_MODEL_BYTES = 256 * 1024 * 1024
+
+OPTIMIZE_EXAMPLE = """example:
+  hcfuse optimize model.onnx -o model.fused.onnx --verify --report fusion.json
+  (model.onnx is never modified; model.fused.onnx and its model.fused.onnx.data appear together)"""
 
 
-def _op_counts(model: ir.Model) -> collections.Counter:
-    return collections.Counter(node.op_type for graph in model.graphs() for node in graph)
-
-
-def _format_op_counts(before: collections.Counter, after: collections.Counter) -> list[str]:
+def _format_op_counts(before: dict, after: dict) -> list[str]:
     lines = [f"  nodes: {sum(before.values())} -> {sum(after.values())}"]
     for op in sorted(set(before) | set(after)):
-        if before[op] != after[op]:
-            lines.append(f"    {op}: {before[op]} -> {after[op]}")
+        if before.get(op, 0) != after.get(op, 0):
+            lines.append(f"    {op}: {before.get(op, 0)} -> {after.get(op, 0)}")
     return lines
-
-
-class _Progress:
-    """Stage lines on stderr for large models; silent otherwise."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.start = time.perf_counter()
-
-    def stage(self, text: str) -> None:
-        if self.enabled:
-            print(f"[{time.perf_counter() - self.start:6.1f} s] {text}", file=sys.stderr, flush=True)
-
-    def saver(self, label: str):
-        return model_io.progress_printer(f"         {label}") if self.enabled else None
-
-
-def _skeleton_proto(model: ir.Model):
-    """The model as a proto whose large initializers are external references that are never read.
-
-    Shape inference needs initializer shapes and small (shape-like) values only, so neither lazy
-    tensors (the fusion's weight halves) nor external weights are materialized.
-    """
-    swapped = []
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if tensor is not None and tensor.nbytes > model_io.EXTERNAL_THRESHOLD_BYTES:
-                swapped.append((value, tensor))
-                value.const_value = ir.ExternalTensor(
-                    "hcfuse-not-read.data", 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=value.name)
-    try:
-        return ir.to_proto(model)
-    finally:
-        for value, tensor in swapped:
-            value.const_value = tensor
-
-
-def _infer_shapes(model: ir.Model) -> ir.Model:
-    """hcfuse.infer_shapes (ORT's symbolic shape inference) applied to model's values in place."""
-    from hcfuse.ort_symbolic_shape import infer_shapes
-
-    inferred = ir.from_proto(infer_shapes(_skeleton_proto(model), auto_merge=True))
-    found = {}
-    for graph in inferred.graphs():
-        found.update({v.name: v for node in graph for v in node.outputs})
-        found.update({v.name: v for v in graph.outputs})
-    for graph in model.graphs():
-        for value in [*(v for node in graph for v in node.outputs), *graph.outputs]:
-            source = found.get(value.name)
-            if source is not None and source.type is not None:
-                value.type, value.shape = source.type, source.shape
-    return model
-
-
-def _check_report_path(path: str, args, model: ir.Model) -> None:
-    """Refuses a --report path that cannot be written or names a model file of this run (checked
-    before any work, so a bad path neither costs a fusion nor leaves an output behind)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise model_io.ModelIOError(f"{path}: report directory {directory} does not exist")
-    if os.path.isdir(path):
-        raise model_io.ModelIOError(f"{path}: is a directory, expected a report file path")
-    output_data = os.path.join(os.path.dirname(os.path.abspath(args.output)), model_io.data_file_name(args.output))
-    models = {"the input model": args.input, "the output model": args.output, "the output's data": output_data}
-    models.update({f"the input's data {p}": p for p in sorted(model_io.external_data_paths(model))})
-    for what, other in models.items():
-        if model_io.same_file(path, other):
-            raise model_io.ModelIOError(f"{path}: the report would overwrite {what}; write it to a new path")
-
-
-def _write_json_atomic(path: str, data: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".hcfuse-report-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _summarize_report(report) -> list[str]:
@@ -139,73 +52,48 @@ def _short(item) -> str:
     return f"{item.anchor or '?'}: {item.reason}" + (f" [{item.rule}]" if item.rule else "")
 
 
+def _progress():
+    from hcfuse.progress import TerminalProgress
+
+    return TerminalProgress(sys.stderr)
+
+
 def _optimize(args) -> int:
-    t_start = time.perf_counter()
-    model = model_io.load(args.input)
-    model_io.check_output_path(args.output, args.input, model)
-    if args.report:
-        _check_report_path(args.report, args, model)
-    progress = _Progress(model_io.initializer_bytes(model) > LARGE_MODEL_BYTES)
-    progress.stage(f"loaded {args.input}")
-    before = _op_counts(model)
+    from hcfuse.pipeline import optimize_file
 
-    from hcfuse.api import optimize_with_report
-
-    t_fuse = time.perf_counter()
-    fused, report = optimize_with_report(model, debug=args.debug)
-    fuse_s = time.perf_counter() - t_fuse
-    progress.stage(f"fused in {fuse_s:.2f} s")
-    if args.infer_shapes:
-        fused = _infer_shapes(fused)
-        progress.stage("inferred shapes")
-    model_io.save(fused, args.output, progress=progress.saver("saving weights"))
-    total_s = time.perf_counter() - t_start
-    after = _op_counts(fused)
-
-    lines = [f"hcfuse optimize: {args.input} -> {args.output}", *_summarize_report(report),
-             *_format_op_counts(before, after), f"  time: fuse {fuse_s:.2f} s, total {total_s:.2f} s"]
+    result = optimize_file(args.input, args.output, verify=args.verify, report=args.report,
+                           infer_shapes=args.infer_shapes, progress=_progress(), debug=args.debug)
+    if args.debug:
+        print(json.dumps(result.fusion.to_dict(), indent=1, default=str), file=sys.stderr)
+    lines = [f"hcfuse optimize: {args.input} -> {args.output}", *_summarize_report(result.fusion),
+             *_format_op_counts(result.ops_before, result.ops_after),
+             f"  time: fuse {result.time_s['fuse']:.2f} s, total {result.time_s['total']:.2f} s"]
     print("\n".join(lines))
-    if not report.counts_by_rule():
+    if not result.fusion.counts_by_rule():
         print(f"hcfuse: warning: no hyper-connection block was fused in {args.input}", file=sys.stderr)
-
-    result = None
-    if args.verify:
-        from hcfuse.verification import verify
-
-        result = verify(args.input, args.output)
-        print(result.summary())
-        if result.status == "unverifiable":
-            print(f"hcfuse: warning: {args.output} was not verified: {result.reason}", file=sys.stderr)
-    if args.report:
-        _write_json_atomic(args.report, {
-            "input": args.input, "output": args.output, "fusion": report.to_dict(),
-            "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
-            "ops_before": dict(before), "ops_after": dict(after),
-            "time_s": {"fuse": fuse_s, "total": total_s},
-            "verify": result.to_dict() if result is not None else None,
-        })
-    if result is not None and result.status == "failed":
-        print(f"hcfuse: error: verification failed: {args.output} differs from {args.input} beyond the "
-              "contract's bound", file=sys.stderr)
-        return EXIT_VERIFY_FAILED
+    if result.verify is not None:
+        print(result.verify.summary())
+        if result.verify.status == "unverifiable":
+            print(f"hcfuse: warning: {args.output} was not verified: {result.verify.reason}", file=sys.stderr)
+        if result.verify.status == "failed":
+            print(f"hcfuse: error: verification failed: {args.output} differs from {args.input} beyond the "
+                  "contract's bound", file=sys.stderr)
+            return EXIT_VERIFY_FAILED
     return EXIT_OK
 
 
 def _unfuse(args) -> int:
-    from hcfuse.unfusion import unfuse
+    from hcfuse.pipeline import unfuse_file
 
-    model = model_io.load(args.input)
-    model_io.check_output_path(args.output, args.input, model)
-    count = unfuse(model)  # in place on our own loaded copy; the input file is not touched
-    model_io.save(model, args.output)
-    print(f"hcfuse unfuse: {args.input} -> {args.output}: expanded {count} {_op.OP_TYPE} node(s)")
+    result = unfuse_file(args.input, args.output, progress=_progress())
+    print(f"hcfuse unfuse: {args.input} -> {args.output}: expanded {result.expanded} {_op.OP_TYPE} node(s)")
     return EXIT_OK
 
 
 def _infer_shapes_cmd(args) -> int:
-    model = model_io.load(args.input)
-    model_io.check_output_path(args.output, args.input, model)
-    model_io.save(_infer_shapes(model), args.output)
+    from hcfuse.pipeline import infer_shapes_file
+
+    infer_shapes_file(args.input, args.output, progress=_progress())
     print(f"hcfuse infer-shapes: {args.input} -> {args.output}")
     return EXIT_OK
 
@@ -253,13 +141,22 @@ def _positive(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr (message and usage), exit code 2."""
+
+    def error(self, message: str):
+        usage = " ".join(self.format_usage().split())
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}; {usage}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hcfuse", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="hcfuse", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="tracebacks and the full fusion report on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name, func, help_text, io=True):
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    def add(name, func, help_text, io=True, epilog=None):
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="tracebacks, and the fusion pass's full report on stderr")
         if io:
@@ -268,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = add("optimize", _optimize, f"fuse every hyper-connection block into one {_op.OP_TYPE} node")
+    p = add("optimize", _optimize, f"fuse every hyper-connection block into one {_op.OP_TYPE} node",
+            epilog=OPTIMIZE_EXAMPLE)
     p.add_argument("--verify", action="store_true", help="run both models in onnxruntime and compare (ulp of T)")
     p.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     p.add_argument("--infer-shapes", action="store_true", help="run symbolic shape inference after fusing")

@@ -1,22 +1,39 @@
-"""Loading and saving models with onnx-ir: lazy external data in, atomic writes out.
+"""Loading and saving models with onnx-ir: lazy, checked external data in; one commit point out.
 
 Loading never reads weights that live in external data (onnx-ir maps them on demand), so a model
-past protobuf's 2 GB limit can be fused in little memory. Saving writes the model (and its external
-data, next to it) into a temporary folder in the output's directory and moves the files into place
-only when everything is written: a failure never leaves a half-written output.
+past protobuf's 2 GB limit can be fused in little memory; it checks what onnxruntime would refuse
+(the ONNX checker, every external tensor's file and byte range) without reading a weight.
+
+Saving never lets a reader see a half-written output or a model next to another run's data. The
+run writes everything into its own hidden folder beside the output (hcfuse.temporaries names it),
+then:
+1. commit: one os.replace puts a model in place whose external data is the new data inside that
+   folder (`.hcfuse-.../OUT.onnx.data`): before it the old pair is whole, after it the new one;
+2. the new data takes the name OUT.onnx.data (a hard link replacing the previous run's file);
+3. a second os.replace puts the model reading OUT.onnx.data in place; the folder is removed.
+A run killed after step 1 leaves a whole new pair, which the next run writing in that directory
+completes (steps 2-3); a run killed before it leaves only its folder, which the next run removes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import shutil
+import signal
 import sys
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import onnx
 import onnx_ir as ir
+
+from hcfuse import temporaries
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs in one directory are not serialized
+    fcntl = None
 
 # Inline models must stay below protobuf's 2 GB message limit; leave room for the graph itself.
 INLINE_LIMIT_BYTES = 1_800_000_000
@@ -26,14 +43,22 @@ EXTERNAL_THRESHOLD_BYTES = 1024
 # holding at most this many bytes of materialized tensors at once: peak memory stays small.
 SAVE_WORKERS = 4
 SAVE_IN_FLIGHT_BYTES = 64 * 1024 * 1024
+# Test hook: a run whose environment names one of save()'s steps here kills itself (SIGKILL) there.
+KILL_AT_ENV = "HCFUSE_TEST_KILL_AT"
+SAVE_STEPS = ("writing", "written", "staged", "committed", "data-placed", "finalized")
+_NOT_READ = "hcfuse-not-read.data"
 
 
 class ModelIOError(Exception):
     """An input or output file problem, worded for one line on stderr."""
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def load(path: str | os.PathLike) -> ir.Model:
-    """Loads a model with onnx-ir; external tensors stay on disk until read."""
+    """Loads and checks a model with onnx-ir; external tensors stay on disk until read."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelIOError(f"{path}: no such file")
@@ -46,12 +71,100 @@ def load(path: str | os.PathLike) -> ir.Model:
     # Protobuf parses many non-ONNX byte strings into an empty message: demand a real model.
     if proto.ir_version <= 0 or not proto.HasField("graph"):
         raise ModelIOError(f"{path}: not an ONNX model (no ir_version or graph in the file)")
+    if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
+        raise ModelIOError(f"{path}: invalid ONNX model: no opset_import for the ONNX domain "
+                           "(onnxruntime refuses it; the exporter should set one)")
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:
-        raise ModelIOError(f"{path}: invalid ONNX model ({type(e).__name__}: {e})") from e
+        raise ModelIOError(f"{path}: invalid ONNX model ({type(e).__name__}: {_one_line(e)})") from e
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
+    _check_external_data(model, path)
+    _check_structure(model, proto, path)
     return model
+
+
+def _check_structure(model: ir.Model, proto: onnx.ModelProto, path: str) -> None:
+    """What onnxruntime refuses when it loads the graph: a value that nothing defines, a node of a
+    domain with no opset import, a node that breaks its ONNX schema (input count, attribute
+    types). Lenient where onnxruntime is: an unsorted graph is sorted (our own loaded copy), a
+    value without a type is inferred later."""
+    for graph in model.graphs():
+        seen: set[ir.Node] = set()
+        unsorted = False
+        for node in graph:
+            for value in node.inputs:
+                if value is None or value.is_graph_input() or value.is_initializer():
+                    continue
+                producer = value.producer()
+                if producer is None:
+                    raise ModelIOError(
+                        f"{path}: invalid ONNX model: node {node.name!r} ({node.op_type}) reads {value.name!r}, "
+                        "which no node, graph input or initializer defines (onnxruntime refuses it)")
+                unsorted |= producer.graph is graph and producer not in seen
+            seen.add(node)
+        if unsorted:
+            graph.sort()
+    context = onnx.checker.C.CheckerContext()
+    context.ir_version = proto.ir_version
+    context.opset_imports = {o.domain: o.version for o in proto.opset_import}
+    for node in proto.graph.node:
+        where = f"{path}: invalid ONNX model: node {node.name!r} ({node.domain + '::' if node.domain else ''}{node.op_type})"
+        if node.domain not in context.opset_imports and not (node.domain == "ai.onnx" and "" in context.opset_imports):
+            raise ModelIOError(f"{where}: its domain {node.domain!r} has no opset_import (onnxruntime refuses it)")
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            continue  # subgraphs read outer-scope values that a single-node check cannot see
+        try:
+            onnx.checker.check_node(node, context)
+        except onnx.checker.ValidationError as e:
+            raise ModelIOError(f"{where}: {_one_line(e)}") from e
+
+
+def _check_external_data(model: ir.Model, path: str) -> None:
+    """Every external tensor's location inside the model's folder, its file present and long enough."""
+    base = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    sizes: dict[str, int] = {}
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if not isinstance(tensor, ir.ExternalTensor):
+                continue
+            where = f"{path}: initializer {value.name!r}: external data file {os.fspath(tensor.location)!r}"
+            file = os.path.realpath(tensor.path)
+            if os.path.isabs(os.fspath(tensor.location)) or os.path.commonpath([base, file]) != base:
+                raise ModelIOError(f"{where} lies outside the model's folder {base} (refused: path traversal)")
+            if file not in sizes:
+                if not os.path.isfile(file):
+                    raise ModelIOError(f"{where}: {tensor.path} does not exist")
+                sizes[file] = os.path.getsize(file)
+            offset, needed = tensor.offset or 0, tensor.nbytes
+            if tensor.length is not None and tensor.length < needed:
+                raise ModelIOError(f"{where}: length {tensor.length} bytes, but {tensor.dtype.name}"
+                                   f"{list(tensor.shape)} needs {needed}")
+            if offset + needed > sizes[file]:
+                raise ModelIOError(f"{where}: needs bytes {offset}..{offset + needed} of {tensor.path}, which "
+                                   f"has {sizes[file]} bytes (truncated?)")
+
+
+def skeleton_proto(model: ir.Model) -> onnx.ModelProto:
+    """The model as a proto whose large initializers are external references that are never read.
+
+    Checking and shape inference need initializer shapes and small (shape-like) values only, so
+    neither lazy tensors (the fusion's weight halves) nor external weights are materialized.
+    """
+    swapped = []
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is not None and (tensor.nbytes > EXTERNAL_THRESHOLD_BYTES or isinstance(tensor, ir.ExternalTensor)):
+                swapped.append((value, tensor))
+                value.const_value = ir.ExternalTensor(
+                    _NOT_READ, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=value.name)
+    try:
+        return ir.to_proto(model)
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
 
 
 def external_data_paths(model: ir.Model) -> set[str]:
@@ -92,29 +205,76 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
-def check_output_path(out_path: str | os.PathLike, in_path: str | os.PathLike | None = None,
-                      model: ir.Model | None = None) -> None:
-    """Refuses outputs that cannot be written or would overwrite the input or its data."""
-    out = os.path.abspath(os.fspath(out_path))
-    directory = os.path.dirname(out)
+def check_writable(path: str | os.PathLike, what: str = "output") -> None:
+    """Refuses a file path whose directory is missing or that names a directory."""
+    directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise ModelIOError(f"{out_path}: output directory {directory} does not exist")
-    if os.path.isdir(out):
-        raise ModelIOError(f"{out_path}: is a directory, expected a model file path")
-    if in_path is not None and os.path.exists(out) and os.path.samefile(out, in_path):
-        raise ModelIOError(f"{out_path}: output is the input file; write to a new path")
-    if model is not None:
-        data = os.path.join(directory, data_file_name(out))
-        for used in external_data_paths(model):
-            if same_file(out, used):
-                raise ModelIOError(
-                    f"{out_path}: output is the input model's external data file {used}; write to a new path"
-                )
-            if os.path.exists(data) and os.path.samefile(data, used):
-                raise ModelIOError(
-                    f"{out_path}: its external data file {data} is read by the input model; "
-                    "write to a new path"
-                )
+        raise ModelIOError(f"{path}: {what} directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise ModelIOError(f"{path}: is a directory, expected a {what} file path")
+
+
+# ---- saving -------------------------------------------------------------------------------------
+
+
+def _kill_point(step: str) -> None:
+    if os.environ.get(KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: str) -> Iterator[None]:
+    """Serializes commits and clean-ups of runs writing in one directory (flock on the directory)."""
+    fd = os.open(directory, os.O_RDONLY) if fcntl is not None else None
+    try:
+        if fd is not None:
+            with contextlib.suppress(OSError):  # a filesystem without flock: no exclusion
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tensor_protos(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in [*([attr.g] if attr.HasField("g") else []), *attr.graphs]:
+                yield from _tensor_protos(sub)
+
+
+def _locations(path: str) -> set[str]:
+    """The external data locations a model file reads (empty when it is not a readable model)."""
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception:
+        return set()
+    return {e.value for t in _tensor_protos(proto.graph) for e in t.external_data if e.key == "location"}
+
+
+def _write_relocated(source: str, target: str, location: str) -> None:
+    """Copies the model file ``source`` to ``target`` with every external location set to ``location``."""
+    proto = onnx.load(source, load_external_data=False)
+    for tensor in _tensor_protos(proto.graph):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    with open(target, "wb") as f:
+        f.write(proto.SerializeToString())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def save(
@@ -124,41 +284,123 @@ def save(
     external_data: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[str]:
-    """Writes ``model`` to ``path`` atomically and returns the files written.
+    """Writes ``model`` to ``path`` with one commit point (module doc); returns the files written.
 
     external_data: None picks it when the model had external data or is too big to inline; the
     data goes to ``<path>.data`` beside the model. progress(done, total) is called per
     external tensor written.
     """
     path = os.path.abspath(os.fspath(path))
-    directory = os.path.dirname(path)
+    directory, name = os.path.split(path)
     if external_data is None:
         external_data = needs_external_data(model)
-    data_name = data_file_name(path) if external_data else None
-    tmp_dir = tempfile.mkdtemp(prefix=".hcfuse-", dir=directory)
+    tmp = os.path.join(directory, temporaries.new_name())
+    os.mkdir(tmp)
+    committed = False
     try:
-        tmp_model = os.path.join(tmp_dir, os.path.basename(path))
-        callback = None
-        if progress is not None:
-            written_count = [0]  # writers call back out of order: count calls, not indices
-
-            def callback(_tensor, info):
-                written_count[0] += 1
-                progress(written_count[0], info.total)
-        if data_name is None:
-            ir.save(model, tmp_model)
+        tmp_model = os.path.join(tmp, name)
+        data_name = data_file_name(path)
+        if external_data:
+            ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=EXTERNAL_THRESHOLD_BYTES,
+                    callback=_save_callback(progress), **_parallel_save_options())
         else:
-            ir.save(model, tmp_model, external_data=data_name,
-                    size_threshold_bytes=EXTERNAL_THRESHOLD_BYTES, callback=callback, **_parallel_save_options())
-        written = []
-        # Data first: the model file appears last, so a model never names missing data.
-        names = ([data_name] if data_name and os.path.exists(os.path.join(tmp_dir, data_name)) else [])
-        for name in [*names, os.path.basename(path)]:
-            os.replace(os.path.join(tmp_dir, name), os.path.join(directory, name))
-            written.append(os.path.join(directory, name))
-        return written
+            ir.save(model, tmp_model)
+        _kill_point("written")
+        if not os.path.exists(os.path.join(tmp, data_name)):  # no tensor was large enough to go out
+            _fsync(tmp_model)
+            with _directory_lock(directory):
+                previous_data = data_name in _locations(path) if os.path.exists(path) else False
+                os.replace(tmp_model, path)  # the commit point
+                committed = True
+                _kill_point("committed")
+                if previous_data:  # the model it replaced read it; nothing reads it now
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(directory, data_name))
+            os.rmdir(tmp)
+            return [path]
+        staged = os.path.join(tmp, name + ".staged")
+        _fsync(os.path.join(tmp, data_name))
+        _write_relocated(tmp_model, staged, f"{os.path.basename(tmp)}/{data_name}")
+        _kill_point("staged")
+        with _directory_lock(directory):
+            os.replace(staged, path)  # the commit point: the new model, reading the new data in tmp
+            committed = True
+            _kill_point("committed")
+            _finish(tmp, name)
+        return [path, os.path.join(directory, data_name)]
     finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        if not committed:  # after the commit, tmp holds the data the output reads: a later run completes it
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_callback(progress):
+    """onnx-ir's per-tensor save callback: progress, and the test hook "writing" after one tensor."""
+    written_count = [0]  # writers call back out of order: count calls, not indices
+
+    def callback(_tensor, info):
+        written_count[0] += 1
+        if progress is not None:
+            progress(written_count[0], info.total)
+        if written_count[0] == 1:
+            _kill_point("writing")
+
+    return callback
+
+
+def _finish(tmp: str, name: str) -> None:
+    """Steps 2-3 of the commit (module doc) for the output ``name`` beside ``tmp``; repeatable."""
+    directory = os.path.dirname(tmp)
+    data_name = data_file_name(name)
+    new_data, second = os.path.join(tmp, data_name), os.path.join(tmp, data_name + ".link")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(second)
+    try:
+        os.link(new_data, second)
+    except OSError:  # a filesystem without hard links: a copy, slower but as safe
+        shutil.copyfile(new_data, second)
+    os.replace(second, os.path.join(directory, data_name))  # replaces the previous run's data
+    _kill_point("data-placed")
+    os.replace(os.path.join(tmp, name), os.path.join(directory, name))
+    _kill_point("finalized")
+    shutil.rmtree(tmp)
+
+
+def _committed_output(tmp: str) -> str | None:
+    """The output name of a run whose folder ``tmp`` the output's current model reads, else None."""
+    entries = set(os.listdir(tmp))
+    for name in entries:
+        if data_file_name(name) in entries and not name.endswith((".staged", ".link")):
+            prefix = os.path.basename(tmp) + "/"
+            if any(loc.startswith(prefix) for loc in _locations(os.path.join(os.path.dirname(tmp), name))):
+                return name
+    return None
+
+
+def remove_stale_temporaries(directory: str | os.PathLike, keep: Iterable[str] = ()) -> list[str]:
+    """Removes the temporaries of dead runs in ``directory`` (hcfuse.temporaries decides which);
+    a run killed after its commit is completed instead. Anything among or holding the files in
+    ``keep`` (this run's inputs) is left alone. Returns the paths removed or completed."""
+    directory = os.path.abspath(os.fspath(directory))
+    keep = [os.path.realpath(k) for k in keep]
+    done = []
+    with _directory_lock(directory):
+        for temp in temporaries.stale_in(directory):
+            real = os.path.realpath(temp.path)
+            if any(k == real or k.startswith(real + os.sep) for k in keep):
+                continue
+            if os.path.isdir(temp.path) and not os.path.islink(temp.path):
+                name = _committed_output(temp.path)
+                if name is not None:
+                    if os.path.realpath(os.path.join(directory, name)) in keep:
+                        continue
+                    _finish(temp.path, name)
+                else:
+                    shutil.rmtree(temp.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp.path)
+            done.append(temp.path)
+    return done
 
 
 def _parallel_save_options() -> dict:

@@ -1,7 +1,8 @@
 """HyperConnectionLowRankMix in ONNX Runtime's symbolic shape inference (onnxruntime.tools.symbolic_shape_infer).
 
 Three entry points:
-- `infer_shapes(model, ...)`: what hcfuse users call. Works on a copy, rewrites the Constant forms ORT's
+- `infer_shapes(model, ...)`: what hcfuse users call (a ModelProto, an onnx_ir.Model or a path; the
+  last two never read weights). Works on a copy, rewrites the Constant forms ORT's
   tool crashes on, never writes ORT's `sym_shape_infer_temp.onnx` dump, and raises
   `IncompleteShapeInferenceError` naming the values left without a full shape.
 - `HcSymbolicShapeInference`: the tool's class with our handler in `dispatcher_`. When an onnxruntime
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import sympy
 from onnx import helper, numpy_helper
 from onnx.shape_inference import InferenceError
@@ -39,6 +41,7 @@ from hcfuse.schema import register_schema
 
 __all__ = [
     "HcSymbolicShapeInference",
+    "apply_inferred_shapes",
     "IncompleteShapeInferenceError",
     "infer_hc_lowrank_mix",
     "infer_shapes",
@@ -263,29 +266,62 @@ def _rewrite_constants(graph: onnx.GraphProto) -> int:
 
 
 def infer_shapes(
-    model: onnx.ModelProto | str | os.PathLike,
+    model: onnx.ModelProto | ir.Model | str | os.PathLike,
     auto_merge: bool = True,
     guess_output_rank: bool = False,
     verbose: int = 0,
     int_max: int = 2**31 - 1,
-) -> onnx.ModelProto:
+):
     """ONNX Runtime's symbolic shape inference, HyperConnectionLowRankMix included.
 
-    Returns a new ModelProto with value_info for every value (the caller's model is not modified;
-    Constants written as value_float/value_ints/... come back as equivalent `value` tensors).
+    A ModelProto gives a new ModelProto with value_info for every value (Constants written as
+    value_float/value_ints/... come back as equivalent `value` tensors). An onnx_ir.Model gives a
+    copy with every value's type and shape set; a path gives the file's model as a ModelProto with
+    them set, its external weights left as references to their files (relative to the model's
+    folder). Neither of the last two reads a weight (initializers above a few KB enter inference as
+    their shapes only), so a model with gigabytes of external data takes little memory. The
+    caller's model is never modified.
     Raises IncompleteShapeInferenceError when some value ends without a full shape, ValueError on a
     node whose known sizes contradict each other (from the handler or ONNX's own inference); never
     writes files.
     """
+    options = dict(auto_merge=auto_merge, guess_output_rank=guess_output_rank, verbose=verbose, int_max=int_max)
     if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(model))
+        from hcfuse import model_io
+
+        return ir.to_proto(apply_inferred_shapes(model_io.load(model), **options))
+    if isinstance(model, ir.Model):
+        return apply_inferred_shapes(model.clone(), **options)
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"infer_shapes: expected an onnx.ModelProto, onnx_ir.Model or a path; got {type(model).__name__}")
+    return _infer_proto(model, options)
+
+
+def _infer_proto(model: onnx.ModelProto, options: dict) -> onnx.ModelProto:
     register_schema()
     work = onnx.ModelProto()
     work.CopyFrom(model)
     _rewrite_constants(work.graph)
     try:
-        return HcSymbolicShapeInference.infer_shapes(
-            work, int_max=int_max, auto_merge=auto_merge, guess_output_rank=guess_output_rank, verbose=verbose
-        )
+        return HcSymbolicShapeInference.infer_shapes(work, **options)
     except InferenceError as e:  # ONNX's single-node pass (our schema's _infer) found the contradiction
         raise ValueError(str(e)) from e
+
+
+def apply_inferred_shapes(model: ir.Model, **options) -> ir.Model:
+    """Sets the inferred type and shape on every node output and graph output of ``model`` in place
+    (weights not read); options as for infer_shapes. Returns model."""
+    options = {"auto_merge": True, **options}
+    from hcfuse.model_io import skeleton_proto
+
+    inferred = ir.from_proto(_infer_proto(skeleton_proto(model), options))
+    found = {}
+    for graph in inferred.graphs():
+        found.update({v.name: v for node in graph for v in node.outputs})
+        found.update({v.name: v for v in graph.outputs})
+    for graph in model.graphs():
+        for value in [*(v for node in graph for v in node.outputs), *graph.outputs]:
+            source = found.get(value.name)
+            if source is not None and source.type is not None:
+                value.type, value.shape = source.type, source.shape
+    return model
