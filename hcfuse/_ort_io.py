@@ -14,8 +14,8 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def to_ort_value(array: np.ndarray, device: str = "cpu", device_id: int = 0) -> ort.OrtValue:
-    """An OrtValue holding array on device; bfloat16 travels as its uint16 bits."""
-    array = np.ascontiguousarray(array)
+    """An OrtValue holding array on device, shape kept (0-d included); bfloat16 travels as its uint16 bits."""
+    array = np.asarray(array, order="C")  # not np.ascontiguousarray: it turns a 0-d array into 1-d
     if array.dtype == BFLOAT16:
         value = ort.OrtValue.ortvalue_from_shape_and_type(list(array.shape), TensorProto.BFLOAT16, device, device_id)
         value.update_inplace(array.view(np.uint16))
@@ -38,7 +38,7 @@ def from_ort_value(value: ort.OrtValue) -> np.ndarray:
 
 
 def run_bound(session: ort.InferenceSession, feeds: dict[str, np.ndarray], device: str = "cpu",
-              device_id: int = 0) -> dict[str, np.ndarray]:
+              device_id: int = 0, run_options: ort.RunOptions | None = None) -> dict[str, np.ndarray]:
     """Runs session with inputs placed on device and every output read back on the CPU."""
     binding = session.io_binding()
     for name, array in feeds.items():
@@ -46,5 +46,5 @@ def run_bound(session: ort.InferenceSession, feeds: dict[str, np.ndarray], devic
     names = [o.name for o in session.get_outputs()]
     for name in names:
         binding.bind_output(name, "cpu")
-    session.run_with_iobinding(binding)
+    session.run_with_iobinding(binding, run_options)
     return {name: from_ort_value(v) for name, v in zip(names, binding.get_outputs())}

@@ -140,7 +140,7 @@ def _random_feeds(model: ir.Model, dims: dict, rows: int, rng: np.random.Generat
             data = rng.integers(0, 2, shape)
         else:
             data = np.zeros(shape)
-        feeds[value.name] = data.astype(np_dtype)
+        feeds[value.name] = np.asarray(data).astype(np_dtype)  # 0-d stays 0-d
     return feeds
 
 
@@ -156,7 +156,7 @@ def _session(path: str, provider: str, library: str):
     options = ort.SessionOptions()
     options.register_custom_ops_library(library)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: a failure reaches the caller as one VerifyError line
     if provider == _CUDA:
         # float32 MatMul on TF32 tensor cores keeps 10 mantissa bits: the contract accumulates in fp32
         return ort.InferenceSession(path, options, providers=[(provider, {"use_tf32": "0"})])
@@ -191,7 +191,6 @@ def verify(
     max_ulp: the bound, one number or per ir.DataType (a type not named keeps DEFAULT_MAX_ULP's).
     """
     from hcfuse._library import get_library_path
-    from hcfuse._ort_io import run_bound  # bfloat16 in and out as raw bits (ORT's numpy API refuses it)
 
     provider = _available_providers(providers)[0]
     library = get_library_path()
@@ -206,9 +205,28 @@ def verify(
                        "MatMul/Sigmoid/Div/Mul for the stock chain; verify on CUDA (onnxruntime-gpu)",
             )
         feeds = _random_feeds(reference, dims or {}, rows, np.random.default_rng(seed))
-        expected = run_bound(_session(orig_path, provider, library), feeds)
-        actual = run_bound(_session(opt_path, provider, library), feeds)
+        expected = _run("original", orig_path, provider, library, feeds)
+        actual = _run("optimized", opt_path, provider, library, feeds)
     return _compare(expected, actual, reference, provider, feeds, max_ulp)
+
+
+class VerifyError(ValueError):
+    """onnxruntime could not load or run one of the two models; the message says which and why."""
+
+
+def _run(which: str, path: str, provider: str, library: str, feeds: dict) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    from hcfuse._ort_io import run_bound  # bfloat16 in and out as raw bits (ORT's numpy API refuses it)
+
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4  # onnxruntime's own log line would repeat the error below
+    try:
+        return run_bound(_session(path, provider, library), feeds, run_options=run_options)
+    except Exception as e:  # onnxruntime's Fail/InvalidArgument/RuntimeException... carry the reason
+        shapes = {k: list(v.shape) for k, v in feeds.items()}
+        raise VerifyError(f"verify: onnxruntime ({provider}) could not run the {which} model {path} on inputs "
+                          f"{shapes}: {' '.join(str(e).split())}") from e
 
 
 def _compare(expected, actual, reference: ir.Model, provider, feeds, max_ulp) -> VerifyResult:
