@@ -79,7 +79,9 @@ def load(path: str | os.PathLike) -> ir.Model:
     except Exception as e:
         raise ModelIOError(f"{path}: invalid ONNX model ({type(e).__name__}: {_one_line(e)})") from e
     ir.external_data.set_base_dir(model.graph, os.path.dirname(os.path.abspath(path)))
-    _check_external_data(model, path)
+    problem = _external_data_problem(model, os.path.dirname(os.path.abspath(path)))
+    if problem is not None:
+        raise ModelIOError(f"{path}: {problem}")
     _check_structure(model, proto, path)
     return model
 
@@ -120,43 +122,46 @@ def _check_structure(model: ir.Model, proto: onnx.ModelProto, path: str) -> None
             raise ModelIOError(f"{where}: {_one_line(e)}") from e
 
 
-def _check_external_data(model: ir.Model, path: str) -> None:
-    """Every external tensor's location inside the model's folder, its file present and long enough."""
-    base = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+def _external_data_problem(model: ir.Model, base: str) -> str | None:
+    """What is wrong with the external tensors (location outside ``base``, file missing or too
+    short for the tensor), naming the tensor and the file; None when nothing is."""
+    base = os.path.realpath(base)
     sizes: dict[str, int] = {}
     for graph in model.graphs():
         for value in graph.initializers.values():
             tensor = value.const_value
             if not isinstance(tensor, ir.ExternalTensor):
                 continue
-            where = f"{path}: initializer {value.name!r}: external data file {os.fspath(tensor.location)!r}"
+            where = f"initializer {value.name!r}: external data file {os.fspath(tensor.location)!r}"
             file = os.path.realpath(tensor.path)
             if os.path.isabs(os.fspath(tensor.location)) or os.path.commonpath([base, file]) != base:
-                raise ModelIOError(f"{where} lies outside the model's folder {base} (refused: path traversal)")
+                return f"{where} lies outside the model's folder {base} (refused: path traversal)"
             if file not in sizes:
                 if not os.path.isfile(file):
-                    raise ModelIOError(f"{where}: {tensor.path} does not exist")
+                    return f"{where}: {tensor.path} does not exist"
                 sizes[file] = os.path.getsize(file)
             offset, needed = tensor.offset or 0, tensor.nbytes
             if tensor.length is not None and tensor.length < needed:
-                raise ModelIOError(f"{where}: length {tensor.length} bytes, but {tensor.dtype.name}"
-                                   f"{list(tensor.shape)} needs {needed}")
+                return f"{where}: length {tensor.length} bytes, but {tensor.dtype.name}{list(tensor.shape)} needs {needed}"
             if offset + needed > sizes[file]:
-                raise ModelIOError(f"{where}: needs bytes {offset}..{offset + needed} of {tensor.path}, which "
-                                   f"has {sizes[file]} bytes (truncated?)")
+                return (f"{where}: needs bytes {offset}..{offset + needed} of {tensor.path}, which has "
+                        f"{sizes[file]} bytes (truncated?)")
+    return None
 
 
 def skeleton_proto(model: ir.Model) -> onnx.ModelProto:
     """The model as a proto whose large initializers are external references that are never read.
 
     Checking and shape inference need initializer shapes and small (shape-like) values only, so
-    neither lazy tensors (the fusion's weight halves) nor external weights are materialized.
+    neither lazy tensors (the fusion's weight slices) nor external tensors are materialized, small
+    or large: only small inline values stay.
     """
     swapped = []
     for graph in model.graphs():
         for value in graph.initializers.values():
             tensor = value.const_value
-            if tensor is not None and (tensor.nbytes > EXTERNAL_THRESHOLD_BYTES or isinstance(tensor, ir.ExternalTensor)):
+            if tensor is not None and (tensor.nbytes > EXTERNAL_THRESHOLD_BYTES
+                                       or isinstance(tensor, (ir.ExternalTensor, ir.LazyTensor))):
                 swapped.append((value, tensor))
                 value.const_value = ir.ExternalTensor(
                     _NOT_READ, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=value.name)
@@ -167,15 +172,14 @@ def skeleton_proto(model: ir.Model) -> onnx.ModelProto:
             value.const_value = tensor
 
 
+def _external_tensors(model: ir.Model) -> list[ir.ExternalTensor]:
+    return [v.const_value for graph in model.graphs() for v in graph.initializers.values()
+            if isinstance(v.const_value, ir.ExternalTensor)]
+
+
 def external_data_paths(model: ir.Model) -> set[str]:
     """Absolute paths of the external data files the model's initializers read from."""
-    paths = set()
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            tensor = value.const_value
-            if isinstance(tensor, ir.ExternalTensor):
-                paths.add(os.path.abspath(tensor.path))
-    return paths
+    return {os.path.abspath(tensor.path) for tensor in _external_tensors(model)}
 
 
 def initializer_bytes(model: ir.Model) -> int:
@@ -300,11 +304,17 @@ def save(
     try:
         tmp_model = os.path.join(tmp, name)
         data_name = data_file_name(path)
-        if external_data:
-            ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=EXTERNAL_THRESHOLD_BYTES,
-                    callback=_save_callback(progress), **_parallel_save_options())
-        else:
-            ir.save(model, tmp_model)
+        try:
+            if external_data:
+                ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=EXTERNAL_THRESHOLD_BYTES,
+                        callback=_save_callback(progress), **_parallel_save_options())
+            else:
+                ir.save(model, tmp_model)
+        except (ValueError, OSError) as e:  # reading a weight failed: say which, where we can tell
+            bases = {os.fspath(t.base_dir) for t in _external_tensors(model)} or {directory}
+            problem = next(filter(None, (_external_data_problem(model, b) for b in sorted(bases))), None)
+            raise ModelIOError(f"{path}: writing it failed: {problem or _one_line(e)} (did the input's data "
+                               "change while hcfuse ran?)") from e
         _kill_point("written")
         if not os.path.exists(os.path.join(tmp, data_name)):  # no tensor was large enough to go out
             _fsync(tmp_model)

@@ -82,11 +82,12 @@ class TerminalProgress(StageLines):
             return super().counter(label, total)
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=f"         {label}", unit="tensor", file=self.stream, leave=True)
+        bars = []  # made at the first count, when the total is known
 
         def report(done: int, total: int) -> None:
-            if bar.total != total:
-                bar.total = total
+            if not bars:
+                bars.append(tqdm(total=total, desc=f"         {label}", unit="tensor", file=self.stream, leave=True))
+            bar = bars[0]
             if done > bar.n:  # writer threads may report out of order
                 bar.update(done - bar.n)
             if done >= total:

@@ -317,7 +317,8 @@ def test_cli_external_data(tmp_path, capsys):
 
 
 def test_cli_failure_mid_save_leaves_no_output(tmp_path, capsys):
-    """The sublayer weights are read only while saving: a truncated data file fails the save half-way."""
+    """A truncated data file is refused at load, before any work (a failure during the save itself:
+    tests/test_pipeline.py)."""
     src = str(tmp_path / "ext.onnx")
     save_decode_model(src, 3, C=C, H=H, R=R, external_data=True, packed=False)
     size = os.path.getsize(src + ".data")
