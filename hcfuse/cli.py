@@ -22,7 +22,8 @@ EXIT_OK, EXIT_VERIFY_FAILED, EXIT_ERROR = 0, 1, 2
 
 OPTIMIZE_EXAMPLE = """example:
   hcfuse optimize model.onnx -o model.fused.onnx --verify --report fusion.json
-  (model.onnx is never modified; model.fused.onnx and its model.fused.onnx.data appear together)"""
+  (model.onnx and its data are never modified; model.fused.onnx and, for a model with external
+  data, model.fused.onnx.data are replaced together, never one without the other)"""
 
 
 def _format_op_counts(before: dict, after: dict) -> list[str]:
@@ -161,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tracebacks, and the fusion pass's full report on stderr")
         if io:
             p.add_argument("input", help="input .onnx model (never modified)")
-            p.add_argument("-o", "--output", required=True, help="output .onnx path (not the input)")
+            p.add_argument("-o", "--output", required=True, help="output .onnx path (neither the input nor one of its data files)")
         p.set_defaults(func=func)
         return p
 

@@ -22,7 +22,6 @@ import inspect
 import os
 import shutil
 import signal
-import sys
 from collections.abc import Callable, Iterable, Iterator
 
 import onnx
@@ -74,6 +73,11 @@ def load(path: str | os.PathLike) -> ir.Model:
     if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
         raise ModelIOError(f"{path}: invalid ONNX model: no opset_import for the ONNX domain "
                            "(onnxruntime refuses it; the exporter should set one)")
+    undefined = _undefined_input(proto.graph)
+    if undefined is not None:  # checked before onnx-ir, which would log a warning and go on
+        node, name = undefined
+        raise ModelIOError(f"{path}: invalid ONNX model: node {node.name!r} ({node.op_type}) reads {name!r}, "
+                           "which no node, graph input or initializer defines (onnxruntime refuses it)")
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as e:
@@ -86,6 +90,23 @@ def load(path: str | os.PathLike) -> ir.Model:
     return model
 
 
+def _undefined_input(graph: onnx.GraphProto, outer: frozenset = frozenset()):
+    """(node, name) of the first node input that nothing in scope defines, or None."""
+    defined = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {t.values.name for t in graph.sparse_initializer}
+    defined |= {o for node in graph.node for o in node.output}  # any order: onnxruntime sorts
+    for node in graph.node:
+        missing = next((name for name in node.input if name and name not in defined), None)
+        if missing is not None:
+            return node, missing
+        for attr in node.attribute:
+            for sub in [*([attr.g] if attr.HasField("g") else []), *attr.graphs]:
+                found = _undefined_input(sub, frozenset(defined))
+                if found is not None:
+                    return found
+    return None
+
+
 def _check_structure(model: ir.Model, proto: onnx.ModelProto, path: str) -> None:
     """What onnxruntime refuses when it loads the graph: a value that nothing defines, a node of a
     domain with no opset import, a node that breaks its ONNX schema (input count, attribute
@@ -96,14 +117,8 @@ def _check_structure(model: ir.Model, proto: onnx.ModelProto, path: str) -> None
         unsorted = False
         for node in graph:
             for value in node.inputs:
-                if value is None or value.is_graph_input() or value.is_initializer():
-                    continue
-                producer = value.producer()
-                if producer is None:
-                    raise ModelIOError(
-                        f"{path}: invalid ONNX model: node {node.name!r} ({node.op_type}) reads {value.name!r}, "
-                        "which no node, graph input or initializer defines (onnxruntime refuses it)")
-                unsorted |= producer.graph is graph and producer not in seen
+                producer = value.producer() if value is not None else None
+                unsorted |= producer is not None and producer.graph is graph and producer not in seen
             seen.add(node)
         if unsorted:
             graph.sort()
@@ -418,15 +433,3 @@ def _parallel_save_options() -> dict:
     if "max_workers" not in inspect.signature(ir.save).parameters:
         return {}
     return {"max_workers": SAVE_WORKERS, "max_in_flight_bytes": SAVE_IN_FLIGHT_BYTES}
-
-
-def progress_printer(label: str, stream=sys.stderr, every: float = 0.1) -> Callable[[int, int], None]:
-    """A progress(done, total) callback printing ``label: k/n`` about every tenth of the way."""
-    state = {"next": 0.0}
-
-    def report(done: int, total: int) -> None:
-        if total and (done / total >= state["next"] or done == total):
-            print(f"{label}: {done}/{total}", file=stream, flush=True)
-            state["next"] = done / total + every
-
-    return report
