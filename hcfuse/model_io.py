@@ -334,13 +334,14 @@ def save(
         if not os.path.exists(os.path.join(tmp, data_name)):  # no tensor was large enough to go out
             _fsync(tmp_model)
             with _directory_lock(directory):
-                previous_data = data_name in _locations(path) if os.path.exists(path) else False
+                data_path = os.path.join(directory, data_name)
+                previous_data = os.path.exists(data_path) and os.path.exists(path) and data_name in _locations(path)
                 os.replace(tmp_model, path)  # the commit point
                 committed = True
                 _kill_point("committed")
                 if previous_data:  # the model it replaced read it; nothing reads it now
                     with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(directory, data_name))
+                        os.unlink(data_path)
             os.rmdir(tmp)
             return [path]
         staged = os.path.join(tmp, name + ".staged")

@@ -5,7 +5,7 @@ Every run keeps its temporaries in one hidden folder (or file) beside the file i
 time (Linux: /proc/<pid>/stat), so a later run can tell whether the run that made it is still alive
 even after its pid was reused. A temporary is stale when its run is dead: on this host by pid and
 start time; where no start time can be read, by pid and age; from another host (a shared
-filesystem), by age alone.
+filesystem), by age alone; so are the randomly named temporaries of hcfuse 0.1.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ PREFIX = ".hcfuse-"
 # Temporaries untouched this long are stale when their run's liveness cannot be checked exactly.
 STALE_AGE_S = 24 * 3600
 _NAME = re.compile(r"^\.hcfuse-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)-[0-9a-f]{8}(?:\..*)?$")
+# hcfuse 0.1's temporaries (tempfile.mkdtemp / mkstemp names): no run recorded, judged by age alone
+_LEGACY_NAME = re.compile(r"^\.hcfuse-(?:report-)?[a-z0-9_]{8}$")
 
 
 def _host_id() -> str:
@@ -56,7 +58,7 @@ def parse(path: str) -> Temporary | None:
     """The run that made ``path``, or None when the name is not a run temporary's."""
     match = _NAME.match(os.path.basename(path))
     if match is None:
-        return None
+        return Temporary(path, "", 0, 0) if _LEGACY_NAME.match(os.path.basename(path)) else None
     return Temporary(path, match["host"], int(match["pid"]), int(match["start"]))
 
 
@@ -84,7 +86,7 @@ def is_stale(temp: Temporary) -> bool:
         age = _age_s(temp.path)
     except FileNotFoundError:  # removed meanwhile (its run finished)
         return False
-    if temp.host != _host_id():
+    if temp.host != _host_id():  # another host's, or an older hcfuse's
         return age > STALE_AGE_S
     if temp.pid == os.getpid() and temp.start == (_start_time(temp.pid) or 0):
         return False  # this process's own (another thread's run)

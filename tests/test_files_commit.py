@@ -168,6 +168,8 @@ def test_only_dead_runs_temporaries_are_removed(tmp_path, model_file_factory, ca
             "other_host_recent": _temp_name(other_host, 1, 1),
             "other_host_old": _temp_name(other_host, 2, 2),
             "not_a_temporary": ".hcfuse-notes",
+            "old_version_recent": ".hcfuse-a1b2_c3d",
+            "old_version_old": ".hcfuse-x9y8z7w6",
         }
         for key, name in names.items():
             path = tmp_path / name
@@ -177,12 +179,13 @@ def test_only_dead_runs_temporaries_are_removed(tmp_path, model_file_factory, ca
                 path.mkdir()
                 (path / "out.onnx.data").write_bytes(b"partial")
         old = time.time() - temporaries.STALE_AGE_S - 60
-        for p in (tmp_path / names["other_host_old"], tmp_path / names["other_host_old"] / "out.onnx.data"):
-            os.utime(p, (old, old))
+        for key in ("other_host_old", "old_version_old"):
+            for p in (tmp_path / names[key] / "out.onnx.data", tmp_path / names[key]):
+                os.utime(p, (old, old))
         assert main(["optimize", model_file_factory(), "-o", str(tmp_path / "out.onnx")]) == EXIT_OK
         capsys.readouterr()
         kept = {k for k, n in names.items() if os.path.exists(tmp_path / n)}
-        assert kept == {"live_run", "this_process", "other_host_recent", "not_a_temporary"}
+        assert kept == {"live_run", "this_process", "other_host_recent", "not_a_temporary", "old_version_recent"}
     finally:
         live.kill()
         live.wait()

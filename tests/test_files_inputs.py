@@ -4,6 +4,8 @@ naming the file and the tensor or node; scalars fed as scalars; onnxruntime's ow
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -101,6 +103,18 @@ def test_invalid_models_get_one_clear_line(case, message, tmp_path, capsys):
         assert code == EXIT_ERROR and len(err.strip().splitlines()) == 1, err
         assert message in err and "bad.onnx" in err and "Traceback" not in err, err
     assert not os.path.exists(tmp_path / "o.onnx")
+
+
+def test_an_invalid_model_is_one_line_on_the_real_stderr(tmp_path):
+    """Through `python -m hcfuse`: nothing else (onnx-ir's logger included) adds a line."""
+    x, y = _xy()
+    src = str(tmp_path / "bad.onnx")
+    onnx.save(_model([helper.make_node("Add", ["x", "missing"], ["y"], name="add")], [x], [y]), src)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "hcfuse", "optimize", src, "-o", str(tmp_path / "o.onnx")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == EXIT_ERROR and proc.stderr.count("\n") == 1 and "'missing'" in proc.stderr, proc.stderr
 
 
 def test_an_unsorted_graph_is_accepted_as_onnxruntime_does(tmp_path, capsys):
