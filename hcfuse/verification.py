@@ -84,6 +84,10 @@ class VerifyResult:
         return dataclasses.asdict(self)
 
 
+class VerifyError(ValueError):
+    """onnxruntime could not load or run one of the two models; the message says which and why."""
+
+
 def ulp_gap(original: np.ndarray, optimized: np.ndarray, dtype: ir.DataType) -> float:
     """Largest difference in ulp of dtype at max(|a|, |b|, RMS(original)) (see the module doc)."""
     a = original.astype(np.float64)
@@ -189,6 +193,7 @@ def verify(
     providers: default CUDA when onnxruntime sees it, else CPU (with hcfuse's library registered).
     rows / dims: sizes given to symbolic input dims (dims by name, the rest rows).
     max_ulp: the bound, one number or per ir.DataType (a type not named keeps DEFAULT_MAX_ULP's).
+    Raises VerifyError (one line, onnxruntime's reason included) when a model cannot be loaded or run.
     """
     from hcfuse._library import get_library_path
 
@@ -208,10 +213,6 @@ def verify(
         expected = _run("original", orig_path, provider, library, feeds)
         actual = _run("optimized", opt_path, provider, library, feeds)
     return _compare(expected, actual, reference, provider, feeds, max_ulp)
-
-
-class VerifyError(ValueError):
-    """onnxruntime could not load or run one of the two models; the message says which and why."""
 
 
 def _run(which: str, path: str, provider: str, library: str, feeds: dict) -> dict[str, np.ndarray]:
