@@ -228,8 +228,8 @@ void PrintTimeline(const std::vector<KernelSpan>& sp, const char* design, int ro
     }
   }
   if (ph[0][3] > 0) {
-    std::printf("  phases after the wait (us, mean CTA): stage 1 part sums %.2f, weights %.2f, hn %.2f, products %.2f; "
-                "stage 2 hidden %.2f, weights %.2f, own up tiles %.2f, all up tiles %.2f\n",
+    std::printf("  phase marks after the wait (us, mean CTA; the kernels' kPhase1-4 comments say what each is): "
+                "stage 1 %.2f %.2f %.2f %.2f; stage 2 %.2f %.2f %.2f %.2f\n",
                 ph[0][0], ph[0][1], ph[0][2], ph[0][3], ph[1][0], ph[1][1], ph[1][2], ph[1][3]);
   }
   std::printf("  kernel: first start / last start / first wait return / last wait return / last end (us)\n");

@@ -139,6 +139,43 @@ __device__ __forceinline__ void TimelineMark(unsigned long long* timeline, int s
 #endif
 }
 
+// The end-of-CTA record (after every thread is done), timeline probe builds only.
+__device__ __forceinline__ void TimelineEndOfCta(unsigned long long* timeline, int slot) {
+#ifdef HCFUSE_FAST_TIMELINE
+  __syncthreads();
+  TimelineMark(timeline, slot, kTimelineEnd);
+#else
+  (void)timeline, (void)slot;
+#endif
+}
+
+// One value of a group's partial: column c of row i summed over RANKS contributions in rank order
+// (red is [rank][rt][stride]), the order both designs share.
+template <int RANKS>
+__device__ __forceinline__ float SumRanks(const float* red, int rt, int stride, int i, int c) {
+  float s = 0.0f;
+#pragma unroll
+  for (int src = 0; src < RANKS; ++src) s += red[(src * rt + i) * stride + c];
+  return s;
+}
+
+// Stage 2's pre-mix for nr rows of a CTA's hs features (hn and g in shared memory as [row][C * hs]):
+// pre_output = reduction_scale * sum over c of hn * g, branches in order (rounding point: pre_output).
+// pre_output points at the pass's first row and the CTA's first feature (row stride H).
+template <typename T>
+__device__ __forceinline__ void PreMix(const T* hn_s, const float* g_s, int nr, int hs, int C, int H,
+                                       float reduction_scale, T* pre_output) {
+  for (int idx = threadIdx.x; idx < nr * hs; idx += blockDim.x) {
+    const int i = idx / hs, hh = idx % hs;
+    float mix = 0.0f;
+    for (int c = 0; c < C; ++c) {
+      const int j = (i * C + c) * hs + hh;
+      mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), g_s[j]));
+    }
+    pre_output[static_cast<size_t>(i) * H + hh] = FromFloat<T>(__fmul_rn(reduction_scale, mix));
+  }
+}
+
 // ---- Host side of both designs.
 inline size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
 

@@ -203,12 +203,14 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
         }
       }
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase1);  // part sums formed
     if (r0 == 0) CpAsyncWaitAll();  // the weight tile and norm_scale
     if (CL > 1 && !d.ss_local) {
       ClusterSync();  // every rank's part sums have arrived
     } else {
       __syncthreads();
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase2);  // weights there
 
     // B: hn of the slice (rounding point: hn) into the A tile and to scratch.
     for (int idx = tid; idx < nr * (d.ks / 4); idx += blockDim.x) {
@@ -227,6 +229,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     }
     __syncthreads();
 
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase3);  // hn formed
     // C: [down | inject] of the slice on tensor cores, four column tiles per warp; each value goes
     // to the rank that reduces its column, into that rank's red[this rank][row][column].
     for (int t0 = warp; t0 < ntiles; t0 += 4 * num_warps) {
@@ -259,20 +262,15 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     } else {
       __syncthreads();
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase4);  // products exchanged
 
     // D: this rank's columns summed over the ranks in order -> the cluster's partial.
     for (int idx = tid; idx < nr * c_len; idx += blockDim.x) {
       const int i = idx / c_len, c = idx % c_len;
-      float s = 0.0f;
-#pragma unroll
-      for (int src = 0; src < CL; ++src) s += red[(src * d.rt + i) * d.per1 + c];
-      partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = s;
+      partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = SumRanks<CL>(red, d.rt, d.per1, i, c);
     }
   }
-#ifdef HCFUSE_FAST_TIMELINE
-  __syncthreads();
-  TimelineMark(d.timeline, d.slot, kTimelineEnd);
-#endif
+  TimelineEndOfCta(d.timeline, d.slot);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -363,8 +361,10 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
             FromFloat<T>(cuda::PostGate(v, d.gate_div, d.gate_mul));
       }
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase1);  // hidden slice formed
     CpAsyncWaitAll();  // the weight tile (first pass) and hn
     __syncthreads();
+    if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase2);  // weights there
     if (share) {
       const int vecs = r_len / 8;  // 16-byte pieces of this rank's slice of a row
       for (int idx = tid; idx < (CL - 1) * nr * vecs; idx += blockDim.x) {
@@ -375,6 +375,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       }
       ClusterSync();  // every rank's slice has arrived
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase3);  // hidden values exchanged
 
     // up on tensor cores, one column tile per warp (four k chains), then g (rounding points: up, g).
     for (int t = warp; t < d.n2 / 8; t += num_warps) {
@@ -392,22 +393,11 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       }
     }
     __syncthreads();
-    for (int idx = tid; idx < nr * d.hs; idx += blockDim.x) {
-      const int i = idx / d.hs, hh = idx % d.hs;
-      float mix = 0.0f;
-      for (int c = 0; c < d.C; ++c) {
-        const int j = i * d.n2 + c * d.hs + hh;
-        mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), g_s[j]));
-      }
-      args.pre_output[static_cast<size_t>(r0 + i) * d.H + h0 + hh] =
-          FromFloat<T>(__fmul_rn(d.reduction_scale, mix));  // rounding point: pre_output
-    }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase4);  // up tiles done
+    PreMix<T>(hn_s, g_s, nr, d.hs, d.C, d.H, d.reduction_scale, args.pre_output + static_cast<size_t>(r0) * d.H + h0);
     if (r0 + d.rt < d.rows) __syncthreads();  // hn_s, g_s and the A tile are rewritten next pass
   }
-#ifdef HCFUSE_FAST_TIMELINE
-  __syncthreads();
-  TimelineMark(d.timeline, d.slot + 1, kTimelineEnd);
-#endif
+  TimelineEndOfCta(d.timeline, d.slot + 1);
 }
 
 // ------------------------------------------------------------------------------------------------

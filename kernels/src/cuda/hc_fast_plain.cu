@@ -78,6 +78,13 @@ struct Plain2Layout {
   }
 };
 
+// The bulk copies' barrier, initialized before any copy is issued (one phase per kernel).
+__device__ __forceinline__ void InitTileBarrier(bool bulk, unsigned long long* bar) {
+  if (!bulk) return;
+  if (threadIdx.x == 0) MbarrierInit(bar, 1);
+  __syncthreads();
+}
+
 // Inject partials: one value per (row, branch column, group, rank), ranks innermost.
 __host__ __device__ inline size_t InjectIndex(const PlainDims& d, size_t row, int c, int g, int rank) {
   return (row * d.C + c) * (static_cast<size_t>(d.groups) * kRanks) + g * kRanks + rank;
@@ -117,10 +124,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) HcFastPlainStage1Kernel(
   for (int idx = tid; idx < d.lda1; idx += blockDim.x) a_tile[d.rt * d.lda1 + idx] = FromFloat<T>(0.0f);
 
   __shared__ unsigned long long tile_bar;  // bulk copies' completion
-  if (d.bulk) {
-    if (tid == 0) MbarrierInit(&tile_bar, 1);
-    __syncthreads();
-  }
+  InitTileBarrier(d.bulk, &tile_bar);
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
     const int chunks = cvalid / 8;
@@ -285,16 +289,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) HcFastPlainStage1Kernel(
     // D: the column tiles summed over the ranks in order -> group g's partial.
     for (int idx = tid; idx < nr * cvalid; idx += blockDim.x) {
       const int i = idx / cvalid, c = idx % cvalid;
-      float s = 0.0f;
-#pragma unroll
-      for (int src = 0; src < kRanks; ++src) s += red[(src * d.rt + i) * d.ncols + c];
-      partials[(static_cast<size_t>(r0 + i) * d.np + c0 + c) * d.g4 + g] = s;
+      partials[(static_cast<size_t>(r0 + i) * d.np + c0 + c) * d.g4 + g] = SumRanks<kRanks>(red, d.rt, d.ncols, i, c);
     }
   }
-#ifdef HCFUSE_FAST_TIMELINE
-  __syncthreads();
-  TimelineMark(d.timeline, d.slot, kTimelineEnd);
-#endif
+  TimelineEndOfCta(d.timeline, d.slot);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -330,10 +328,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) HcFastPlainStage2Kernel(
   }
 
   __shared__ unsigned long long tile_bar;  // bulk copies' completion
-  if (d.bulk) {
-    if (tid == 0) MbarrierInit(&tile_bar, 1);
-    __syncthreads();
-  }
+  InitTileBarrier(d.bulk, &tile_bar);
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
     if (d.bulk) {  // one copy per (row, branch) window
@@ -460,21 +455,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) HcFastPlainStage2Kernel(
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase3);  // this thread's up tiles done
     __syncthreads();
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase4);  // all up tiles done
-    for (int idx = tid; idx < nr * d.hs; idx += blockDim.x) {
-      const int i = idx / d.hs, hh = idx % d.hs;
-      float mix = 0.0f;
-      for (int c = 0; c < d.C; ++c) {
-        const int j = i * n2 + c * d.hs + hh;
-        mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), g_s[j]));
-      }
-      args.pre_output[static_cast<size_t>(r0 + i) * d.H + h0 + hh] =
-          FromFloat<T>(__fmul_rn(d.reduction_scale, mix));  // rounding point: pre_output
-    }
+    PreMix<T>(hn_s, g_s, nr, d.hs, d.C, d.H, d.reduction_scale, args.pre_output + static_cast<size_t>(r0) * d.H + h0);
   }
-#ifdef HCFUSE_FAST_TIMELINE
-  __syncthreads();
-  TimelineMark(d.timeline, d.slot + 1, kTimelineEnd);
-#endif
+  TimelineEndOfCta(d.timeline, d.slot + 1);
 }
 
 // ------------------------------------------------------------------------------------------------
