@@ -49,15 +49,23 @@ TUNING_ENV = ("HCFUSE_FAST_SS_LOCAL_ROWS", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS", "HCF
 SLOW_REPS = 3  # repetitions for chains whose replay takes longer than --slow-ms
 
 
-def chain_model(num_blocks: int, dtype, elem: int, weights: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
-    """num_blocks fused nodes chained as the module docstring says; rows is a symbolic dim."""
+def chain_model(num_blocks: int, dtype, elem: int, weights: list[dict[str, np.ndarray]],
+                sublayers: list[np.ndarray] | None = None) -> onnx.ModelProto:
+    """num_blocks fused nodes chained as the module docstring says; rows is a symbolic dim. With
+    sublayers (H x H matrices), prev_block_output of block k+1 is MatMul(pre_output of block k, W[k % n]):
+    the "real model" variant, a sublayer kernel (which does not trigger dependents early) between blocks."""
     inits = [numpy_helper.from_array(w[name].astype(dtype), f"w{s}_{name}")
              for s, w in enumerate(weights) for name in w]
+    inits += [numpy_helper.from_array(m.astype(dtype), f"sub{s}") for s, m in enumerate(sublayers or [])]
     nodes = []
     prev = None  # (pre_output, post_gate, streams_out) of the previous block
     for k in range(num_blocks):
         s = k % len(weights)
         wnames = [f"w{s}_{n}" for n in ("norm_scale", "down_weight", "up_weight", "inject_weight")]
+        if prev is not None and sublayers:
+            nodes.append(helper.make_node("MatMul", [prev[0], f"sub{(k - 1) % len(sublayers)}"], [f"sub_out_{k}"],
+                                          name=f"sublayer_{k}"))
+            prev = [f"sub_out_{k}", prev[1], prev[2]]
         ins = ["streams", *wnames] if prev is None else [prev[2], *wnames, prev[0], prev[1]]
         outs = [f"pre_{k}", f"gate_{k}", f"streams_{k}"]
         nodes.append(helper.make_node(OP_TYPE, ins, outs, domain=DOMAIN, name=f"block_{k}", num_branches=C, **ATTRS))
@@ -74,6 +82,19 @@ def chain_model(num_blocks: int, dtype, elem: int, weights: list[dict[str, np.nd
                              ir_version=IR_VERSION)
 
 
+def matmul_chain_model(num_blocks: int, elem: int, dtype, sublayers: list[np.ndarray]) -> onnx.ModelProto:
+    """The sublayers alone: x_{k+1} = MatMul(x_k, W[k % n]) for num_blocks - 1 steps (the real-model
+    variant's MatMuls without the blocks), so the blocks' share of that variant can be told apart."""
+    inits = [numpy_helper.from_array(m.astype(dtype), f"sub{s}") for s, m in enumerate(sublayers)]
+    nodes = [helper.make_node("MatMul", [f"x_{k}", f"sub{k % len(sublayers)}"], [f"x_{k + 1}"])
+             for k in range(num_blocks - 1)]
+    nodes[0].input[0] = "streams"
+    graph = helper.make_graph(nodes, f"matmul_chain_{num_blocks}",
+                              [helper.make_tensor_value_info("streams", elem, ["rows", H])],
+                              [helper.make_tensor_value_info(f"x_{num_blocks - 1}", elem, ["rows", H])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
 def ortvalue(ort, shape, elem: int, host: np.ndarray | None = None):
     """A CUDA OrtValue of the given type (bf16 through a uint16 view: ORT's Python API lacks ml_dtypes)."""
     v = ort.OrtValue.ortvalue_from_shape_and_type(list(shape), elem, "cuda", 0)
@@ -88,10 +109,13 @@ class ChainRunner:
     def __init__(self, ort, model: onnx.ModelProto, variant: str, elem: int, dtype):
         so = ort.SessionOptions()
         env = {}
-        if variant != "stock":
+        if variant not in ("stock", "matmul"):
             so.register_custom_ops_library(hcfuse.get_library_path())
             path, _, tuning = variant.partition("@")
+            path, _, design = path.partition("/")
             env["HCFUSE_FORCE_PATH"] = path
+            if design:
+                env["HCFUSE_FAST_DESIGN"] = design
             if tuning:
                 env.update(zip(TUNING_ENV, tuning.split(",")))
         os.environ.update(env)  # read when the session creates its kernels
@@ -109,8 +133,9 @@ class ChainRunner:
         """Best over reps of the mean time of one replay, in us (the first run captures the graph)."""
         ort = self.ort
         if rows not in self.bindings:
-            streams = ortvalue(ort, (rows, C * H), self.elem, rng.standard_normal((rows, C * H)).astype(self.dtype))
-            outs = [ortvalue(ort, (rows, n), self.elem) for n in (H, C, C * H)]
+            width = self.sess.get_inputs()[0].shape[-1]
+            streams = ortvalue(ort, (rows, width), self.elem, rng.standard_normal((rows, width)).astype(self.dtype))
+            outs = [ortvalue(ort, (rows, o.shape[-1]), self.elem) for o in self.sess.get_outputs()]
             io = self.sess.io_binding()
             io.bind_ortvalue_input("streams", streams)
             for name, v in zip(self.outputs, outs):
@@ -156,7 +181,7 @@ def write_outputs(results: list[dict], out: Path, meta: str) -> None:
         w = csv.DictWriter(f, fieldnames=list(results[0]))
         w.writeheader()
         w.writerows(results)
-    extra = [k for k in results[0] if "@" in k]  # fast@SS,HID variants
+    extra = [k for k in results[0] if "@" in k or "/" in k or k == "matmul"]  # fast/DESIGN, fast@SS,HID, matmul
     lines = [f"# HyperConnectionLowRankMix decode benchmark ({meta})", "",
              "us per block (slope 96 vs 48 blocks); floor = weights + activations once at 4.2 TB/s;",
              "fraction = floor / fast; speedup = stock / fast.", "",
@@ -166,10 +191,14 @@ def write_outputs(results: list[dict], out: Path, meta: str) -> None:
     def us(v: float) -> str:
         return "n/a" if np.isnan(v) else f"{v:.2f}"
 
+    if "matmul" in extra:  # real-model variant: what the blocks add to the MatMuls alone
+        lines[-2] += " fast over matmul | stock over matmul |"
+        lines[-1] += "---|---|"
     for r in results:
+        over = (f" {us(r['fast'] - r['matmul'])} | {us(r['stock'] - r['matmul'])} |" if "matmul" in extra else "")
         lines.append(f"| {r['dtype']} | {r['rows']} | {us(r['fast'])} | {us(r['general'])} | {us(r['stock'])} | "
                      f"{r['floor']:.2f} | {r['floor'] / r['fast']:.0%} | {r['stock'] / r['fast']:.1f}x |"
-                     + "".join(f" {us(r[k])} |" for k in extra))
+                     + "".join(f" {us(r[k])} |" for k in extra) + over)
     (out / "decode.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, out / "decode.png")
@@ -215,6 +244,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--slow-ms", type=float, default=3.0, help=f"replays slower than this get {SLOW_REPS} repetitions")
+    ap.add_argument("--sublayer", action="store_true",
+                    help="real-model variant: an H x H MatMul between blocks; adds the 'matmul' variant (the "
+                         "MatMuls alone) and the blocks' cost over it")
     ap.add_argument("--plot-from", type=Path, help="only plot an existing decode.csv")
     args = ap.parse_args()
     if args.plot_from:
@@ -232,11 +264,17 @@ def main() -> None:
     for dt in args.dtypes:
         dtype, elem = DTYPES[dt]
         weights = [random_weights(C, H, R, dtype, rng) for _ in range(WEIGHT_SETS)]
+        sublayers = ([(rng.standard_normal((H, H)) / np.sqrt(H)).astype(dtype) for _ in range(WEIGHT_SETS)]
+                     if args.sublayer else None)
+        variants = [*args.variants, "matmul"] if args.sublayer else args.variants
         times = {}  # (variant, blocks, rows) -> us per chain replay
         for n in (short, long_):
-            fused = chain_model(n, dtype, elem, weights)
-            for variant in args.variants:
-                model = hcfuse.unfuse(fused) if variant == "stock" else fused
+            fused = chain_model(n, dtype, elem, weights, sublayers)
+            for variant in variants:
+                if variant == "matmul":
+                    model = matmul_chain_model(n, elem, dtype, sublayers)
+                else:
+                    model = hcfuse.unfuse(fused) if variant == "stock" else fused
                 t0 = time.perf_counter()
                 runner = ChainRunner(ort, model, variant, elem, dtype)
                 for gid, rows in enumerate(args.rows):
@@ -248,12 +286,13 @@ def main() -> None:
                 del runner
         for rows in args.rows:
             rec = {"dtype": dt, "rows": rows}
-            for variant in dict.fromkeys([*VARIANTS, *args.variants]):
+            for variant in dict.fromkeys([*VARIANTS, *variants]):
                 rec[variant] = ((times[variant, long_, rows] - times[variant, short, rows]) / (long_ - short)
-                                if variant in args.variants else float("nan"))
+                                if variant in variants else float("nan"))
             rec["floor"] = floor_us(rows, np.dtype(dtype).itemsize)
             results.append(rec)
-        meta = (f"onnxruntime {ort.__version__}, {short}/{long_} blocks, best of {args.reps} x {args.replays} replays "
+        meta = (("real-model variant (H x H MatMul between blocks; 'matmul' = the MatMuls alone), " if args.sublayer
+                 else "") + f"onnxruntime {ort.__version__}, {short}/{long_} blocks, best of {args.reps} x {args.replays} replays "
                 f"({SLOW_REPS} x {args.replays} where a replay takes over {args.slow_ms:g} ms)")
         write_outputs(results, args.out, meta)  # after each dtype, so a cut-short run keeps what it measured
 

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# One device session: build the custom-op library, run the CUDA tests, then bench_decode.py.
-# Everything is logged under $OUT (the device tool's result folder) or ./h200_out.
+# One device session: build the custom-op library (and the fast path's timeline probe), run the CUDA
+# tests (TESTS: pytest files, default both CUDA files), the timeline probe (TIMELINE_ROWS, e.g. "1 2 4";
+# unset: skipped), then bench_decode.py. Everything is logged under $OUT (the device tool's result
+# folder) or ./h200_out.
 #   source .device/env.sh; bash bench/h200_session.sh [tests|notests] [bench_decode.py args...]
 set -uo pipefail
 out=${OUT:-h200_out}
 mkdir -p "$out"
 build=${HCFUSE_BUILD_DIR:-/tmp/b}
-cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DHCFUSE_FAST_TIMELINE=ON \
   -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?source .device/env.sh first}" > "$out/cmake.log" 2>&1 &&
   ninja -C "$build" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 export HCFUSE_LIBRARY=$build/libhcfuse_ops.so
 mode=${1:-tests}; shift || true
+if [ -n "${TIMELINE_ROWS:-}" ]; then
+  timeout 120 "$build/hc_fast_timeline" --rows $TIMELINE_ROWS --reps 5 > "$out/timeline.log" 2>&1
+  grep -E "^\||^timeline|phases|differ|error" "$out/timeline.log"
+fi
 if [ "$mode" = tests ]; then
-  timeout 300 python3 -m pytest -q -rs tests/test_kernels_cuda.py tests/test_fast_path_cuda.py \
+  timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -rs ${TESTS:-tests/test_kernels_cuda.py tests/test_fast_path_cuda.py} \
     > "$out/tests.log" 2>&1
   grep -E "passed|failed|Error|error" "$out/tests.log" | tail -15
 fi

@@ -211,3 +211,30 @@ def test_both_cluster_sizes_match_reference(fast_session, rng, monkeypatch, clus
     model, weights, feeds = _case(**QWEN, dtype=BF16, rows=rows, prologue=True, rng=rng)
     got = run_bound(fast_session(model), feeds, device="cuda")
     _check_against_reference(got, _reference(feeds, weights, QWEN["C"]), f"cluster={cluster} rows={rows}")
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape,rows", [(QWEN, 1), (QWEN, 3), (QWEN, 16), (QWEN, 33),
+                                        (dict(C=4, H=256, R=512), 7), (dict(C=4, H=1024, R=64), 5)],
+                         ids=["qwen-1", "qwen-3", "qwen-16", "qwen-33", "4x256x512-7", "4x1024x64-5"])
+def test_plain_and_cluster_designs_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows):
+    """The plain design (no clusters; hc_fast_plain.cu) sums every value in the cluster design's order,
+    so HCFUSE_FAST_DESIGN=plain and =cluster agree bit for bit (the automatic choice switches between
+    them by row count without breaking row independence)."""
+    if compute_capability()[0] != 9:
+        pytest.skip("the plain design runs on sm_90 only")
+    model, weights, feeds = _case(**shape, dtype=dtype, rows=rows, prologue=True, rng=rng)
+    results = {}
+    for design in ("cluster", "plain"):
+        monkeypatch.setenv("HCFUSE_FAST_DESIGN", design)
+        results[design] = run_bound(fast_session(model), feeds, device="cuda")
+    for name in results["plain"]:
+        assert_bitwise_equal(results["plain"][name], results["cluster"][name], f"rows={rows} {name}: plain vs cluster")
+    _check_against_reference(results["plain"], _reference(feeds, weights, shape["C"]), f"plain rows={rows}")
+
+
+def test_bad_design_value_is_a_clear_error(fast_session, rng, monkeypatch):
+    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
+    monkeypatch.setenv("HCFUSE_FAST_DESIGN", "fastest")
+    with pytest.raises(Exception, match="HCFUSE_FAST_DESIGN must be 'auto', 'cluster' or 'plain'"):
+        fast_session(model)

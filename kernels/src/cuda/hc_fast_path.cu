@@ -19,35 +19,21 @@
 #include "cuda/hc_fast_path.h"
 
 #include <algorithm>
-#include <cooperative_groups.h>
-#include <cstring>
 #include <string>
-#include <type_traits>
 
 #include "cuda/hc_common.cuh"
+#include "cuda/hc_fast_device.cuh"
 #include "cuda/hc_fast_path_eligibility.h"
+#include "cuda/hc_fast_plain.h"
 
 namespace hcfuse {
 namespace {
 
-using cuda::FromFloat;
-using cuda::RoundToT;
-using cuda::ToFloat;
+using namespace fast;  // NOLINT: the device building blocks of both designs
 
 constexpr int kRowTile = 16;  // rows per pass: the M of mma.m16n8k16
 constexpr int kStage1Threads = 384;
 constexpr int kStage2Threads = 320;
-
-// Ablations for bench/README.md's "where the time goes" (build with -DHCFUSE_FAST_ABLATE=<bits>;
-// results are then wrong): 1 skips the weight loads, 2 returns right after the grid-dependency wait,
-// 4 skips the tensor-core products.
-#ifndef HCFUSE_FAST_ABLATE
-#define HCFUSE_FAST_ABLATE 0
-#endif
-constexpr bool kAblateWeights = (HCFUSE_FAST_ABLATE & 1) != 0;
-constexpr bool kAblateWork = (HCFUSE_FAST_ABLATE & 2) != 0;
-constexpr bool kAblateMma = (HCFUSE_FAST_ABLATE & 4) != 0;
-constexpr int kParts = static_cast<int>(kHcFastSsParts);
 static_assert(kParts % 8 == 0, "whole sum-of-squares parts per rank of a 4- or 8-CTA cluster");
 
 // Run-time tiling shared by both kernels (derived on the host from HcLowRankMixParams).
@@ -65,200 +51,10 @@ struct FastDims {
   int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
   bool ss_local, hidden_local, has_prologue;
   float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
+  unsigned long long* timeline;  // the timeline probe's records (HCFUSE_FAST_TIMELINE builds)
+  int slot;
 };
 
-// ---- PTX wrappers: programmatic dependent launch and cluster barriers (sm_90), cp.async, ldmatrix
-// and mma.sync (sm_80).
-__device__ __forceinline__ void WaitOnProducer() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void ReleaseDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Every thread of every CTA of the cluster calls these in the same order (a split cluster barrier).
-// ClusterArriveRelaxed + ClusterWait at the start: all peers are running before any DSMEM access.
-__device__ __forceinline__ void ClusterArriveRelaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-__device__ __forceinline__ void ClusterArrive() {  // release: this thread's DSMEM stores are visible after the wait
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-__device__ __forceinline__ void ClusterWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-__device__ __forceinline__ void ClusterSync() {
-  ClusterArrive();
-  ClusterWait();
-}
-
-__device__ __forceinline__ int ClusterRank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return static_cast<int>(cooperative_groups::this_cluster().block_rank());
-#else
-  return 0;
-#endif
-}
-
-// The address of `p` (this CTA's shared memory) in the shared memory of cluster rank `rank`.
-template <typename P>
-__device__ __forceinline__ P* PeerShared(P* p, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-#else
-  __trap();
-  return p;
-#endif
-}
-
-__device__ __forceinline__ unsigned SharedAddress(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-template <int BYTES>
-__device__ __forceinline__ void CpAsync(void* smem, const void* gmem) {
-  if constexpr (BYTES == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(SharedAddress(smem)), "l"(gmem) : "memory");
-  } else {
-    static_assert(BYTES == 8, "cp.async copies 8 or 16 bytes here");
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(SharedAddress(smem)), "l"(gmem) : "memory");
-  }
-}
-
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// A fragment of a 16 x 16 tile of row-major A (row stride lda elements) at column k0.
-__device__ __forceinline__ void LoadAFragment(unsigned (&a)[4], const void* lane_row_ptr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(SharedAddress(lane_row_ptr))
-               : "memory");
-}
-
-// B fragment of a 16 x 8 tile of row-major B ([k][n], used in place) through the transposing load.
-__device__ __forceinline__ void LoadBFragment(unsigned (&b)[2], const void* lane_row_ptr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-               : "=r"(b[0]), "=r"(b[1])
-               : "r"(SharedAddress(lane_row_ptr))
-               : "memory");
-}
-
-// d += a @ b on tensor cores, fp32 accumulation.
-template <typename T>
-__device__ __forceinline__ void Mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    static_assert(std::is_same_v<T, __half>, "the fast path runs float16 and bfloat16");
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-}
-
-// One warp: out[t] = A[16 x 16*ksteps] @ B[:, n0[t] .. n0[t] + 8) for TILES column tiles (n0 < 0: none),
-// A and B in shared memory (row strides lda, ldb); A has a_rows rows and a zero row after them, which
-// stands in for rows a_rows..15. k steps go round-robin to CHAINS accumulators
-// (independent mma chains), added in order at the end. The accumulator layout is mma's: lane l holds
-// rows l/4 and l/4 + 8, columns 2 * (l % 4) + {0, 1}.
-template <typename T, int TILES, int CHAINS>
-__device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T* B, int ldb, int ksteps,
-                                        const int (&n0)[TILES], float (&out)[TILES][4]) {
-  const int lane = threadIdx.x & 31;
-  float acc[CHAINS][TILES][4] = {};
-  const T* a_lane = A + min(lane & 15, a_rows) * lda + (lane >> 4) * 8;
-  const T* b_lane = B + (lane & 15) * ldb;
-  for (int k = 0; k < ksteps; k += CHAINS) {
-#pragma unroll
-    for (int c = 0; c < CHAINS; ++c) {
-      if (k + c < ksteps) {
-        unsigned a[4];
-        LoadAFragment(a, a_lane + (k + c) * 16);
-#pragma unroll
-        for (int t = 0; t < TILES; ++t) {
-          if (n0[t] < 0) continue;
-          unsigned b[2];
-          LoadBFragment(b, b_lane + (k + c) * 16 * ldb + n0[t]);
-          Mma<T>(acc[c][t], a, b);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < TILES; ++t) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float s = acc[0][t][j];
-#pragma unroll
-      for (int c = 1; c < CHAINS; ++c) s += acc[c][t][j];
-      out[t][j] = s;
-    }
-  }
-}
-
-// Four T at p (8-byte aligned, written by an earlier kernel) through the read-only path.
-template <typename T>
-__device__ __forceinline__ cuda::Vec<T, 4> LoadVec4(const T* p) {
-  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
-  cuda::Vec<T, 4> v;
-  static_assert(sizeof(v) == sizeof(u), "four 16-bit values");
-  memcpy(&v, &u, sizeof(u));
-  return v;
-}
-
-// S for four features of one row (the prologue folded in and rounded, rounding point: S).
-template <typename T, bool PRO>
-__device__ __forceinline__ void LoadS4(const T* streams, const T* prev, float gate, float (&s)[4]) {
-  const cuda::Vec<T, 4> sv = LoadVec4<T>(streams);
-  cuda::Vec<T, 4> pv;
-  if constexpr (PRO) pv = LoadVec4<T>(prev);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    s[j] = ToFloat<T>(sv.v[j]);
-    if constexpr (PRO) s[j] = RoundToT<T>(cuda::PrologueS(s[j], gate, ToFloat<T>(pv.v[j])));
-  }
-}
-
-// sum over g = 0..groups-1 of p[g] in that order (p 16-byte aligned, written by stage 1).
-__device__ __forceinline__ float SumGroups(const float* p, int groups) {
-  float acc = 0.0f;
-  int g = 0;
-#pragma unroll 4
-  for (; g + 4 <= groups; g += 4) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p + g));
-    acc += v.x;
-    acc += v.y;
-    acc += v.z;
-    acc += v.w;
-  }
-  for (; g < groups; ++g) acc += __ldg(p + g);
-  return acc;
-}
 
 // ---- Shared-memory layouts (bytes), the same on host and device.
 struct Stage1Layout {
@@ -291,6 +87,7 @@ template <typename T, int CL, bool PRO>
 __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
+  TimelineMark(d.timeline, d.slot, kTimelineStart);
   const Stage1Layout layout(d, CL);
   T* tile = reinterpret_cast<T*>(smem + layout.tile);
   T* a_tile = reinterpret_cast<T*>(smem + layout.a);
@@ -332,6 +129,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   ReleaseDependents();  // stage 2 may become resident now and prefetch its weights
   if constexpr (CL > 1) ClusterArriveRelaxed();
   WaitOnProducer();  // streams / prev_* come from upstream nodes; scratch was read by the last stage 2
+  TimelineMark(d.timeline, d.slot, kTimelineWaited);
   if (!weights_are_constant) load_weights();
   if constexpr (kAblateWork) {
     CpAsyncWaitAll();
@@ -405,12 +203,14 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
         }
       }
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase1);  // part sums formed
     if (r0 == 0) CpAsyncWaitAll();  // the weight tile and norm_scale
     if (CL > 1 && !d.ss_local) {
       ClusterSync();  // every rank's part sums have arrived
     } else {
       __syncthreads();
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase2);  // weights there
 
     // B: hn of the slice (rounding point: hn) into the A tile and to scratch.
     for (int idx = tid; idx < nr * (d.ks / 4); idx += blockDim.x) {
@@ -429,6 +229,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     }
     __syncthreads();
 
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase3);  // hn formed
     // C: [down | inject] of the slice on tensor cores, four column tiles per warp; each value goes
     // to the rank that reduces its column, into that rank's red[this rank][row][column].
     for (int t0 = warp; t0 < ntiles; t0 += 4 * num_warps) {
@@ -461,16 +262,15 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     } else {
       __syncthreads();
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase4);  // products exchanged
 
     // D: this rank's columns summed over the ranks in order -> the cluster's partial.
     for (int idx = tid; idx < nr * c_len; idx += blockDim.x) {
       const int i = idx / c_len, c = idx % c_len;
-      float s = 0.0f;
-#pragma unroll
-      for (int src = 0; src < CL; ++src) s += red[(src * d.rt + i) * d.per1 + c];
-      partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = s;
+      partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = SumRanks<CL>(red, d.rt, d.per1, i, c);
     }
   }
+  TimelineEndOfCta(d.timeline, d.slot);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -480,6 +280,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     HcFastArgs<T> args, FastDims d, const float* __restrict__ partials, const T* __restrict__ hn_in,
     bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
+  TimelineMark(d.timeline, d.slot + 1, kTimelineStart);
   const Stage2Layout layout(d);
   T* tile = reinterpret_cast<T*>(smem + layout.tile);
   T* a_tile = reinterpret_cast<T*>(smem + layout.a);
@@ -519,6 +320,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   ReleaseDependents();
   if constexpr (CL > 1) ClusterArriveRelaxed();
   WaitOnProducer();  // stage 1's partials and hn
+  TimelineMark(d.timeline, d.slot + 1, kTimelineWaited);
   if (!weights_are_constant) load_weights();
   if constexpr (kAblateWork) {
     CpAsyncWaitAll();
@@ -559,8 +361,10 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
             FromFloat<T>(cuda::PostGate(v, d.gate_div, d.gate_mul));
       }
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase1);  // hidden slice formed
     CpAsyncWaitAll();  // the weight tile (first pass) and hn
     __syncthreads();
+    if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase2);  // weights there
     if (share) {
       const int vecs = r_len / 8;  // 16-byte pieces of this rank's slice of a row
       for (int idx = tid; idx < (CL - 1) * nr * vecs; idx += blockDim.x) {
@@ -571,6 +375,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       }
       ClusterSync();  // every rank's slice has arrived
     }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase3);  // hidden values exchanged
 
     // up on tensor cores, one column tile per warp (four k chains), then g (rounding points: up, g).
     for (int t = warp; t < d.n2 / 8; t += num_warps) {
@@ -588,18 +393,11 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       }
     }
     __syncthreads();
-    for (int idx = tid; idx < nr * d.hs; idx += blockDim.x) {
-      const int i = idx / d.hs, hh = idx % d.hs;
-      float mix = 0.0f;
-      for (int c = 0; c < d.C; ++c) {
-        const int j = i * d.n2 + c * d.hs + hh;
-        mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), g_s[j]));
-      }
-      args.pre_output[static_cast<size_t>(r0 + i) * d.H + h0 + hh] =
-          FromFloat<T>(__fmul_rn(d.reduction_scale, mix));  // rounding point: pre_output
-    }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase4);  // up tiles done
+    PreMix<T>(hn_s, g_s, nr, d.hs, d.C, d.H, d.reduction_scale, args.pre_output + static_cast<size_t>(r0) * d.H + h0);
     if (r0 + d.rt < d.rows) __syncthreads();  // hn_s, g_s and the A tile are rewritten next pass
   }
+  TimelineEndOfCta(d.timeline, d.slot + 1);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -638,42 +436,13 @@ FastDims MakeDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& 
   d.silu_alpha = p.silu_alpha;
   d.gate_div = p.gate_div;
   d.gate_mul = p.gate_mul;
+  d.timeline = tuning.timeline;
+  d.slot = tuning.timeline_slot;
   return d;
 }
 
-size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
-
 size_t PartialBytes(const HcLowRankMixParams& p, const FastDims& d) {
   return Align256(static_cast<size_t>(p.rows) * d.np * d.g4 * sizeof(float));
-}
-
-template <typename Kernel, typename... Args>
-cudaError_t Launch(Kernel kernel, int grid, int threads, size_t smem, int cluster, bool use_pdl, cudaStream_t stream,
-                   Args... args) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
-  if (cluster > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = cluster;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (use_pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = attrs;
-  config.numAttrs = n;
-  return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 template <typename T, int CL>
@@ -736,6 +505,7 @@ template <typename T>
 std::string HcFastLaunchSummary(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning) {
   const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
   if (!Runnable(params, sm_major, cluster)) return "not supported";
+  if (HcFastRunsPlain(params, sm_major, tuning)) return HcFastPlainSummary(params);
   const FastDims d = MakeDims(params, cluster, tuning);
   switch (cluster) {
     case 8: return Summary<T, 8>(d);
@@ -750,13 +520,16 @@ template std::string HcFastLaunchSummary<__nv_bfloat16>(const HcLowRankMixParams
 size_t HcFastScratchBytes(const HcLowRankMixParams& params) {
   if (params.rows == 0) return 0;
   // without clusters every stage 1 CTA keeps its own partial: the most partials of any configuration
+  // (the plain design needs less for the shapes it runs; the max covers every design)
   const FastDims d = MakeDims(params, 1, HcFastTuning{});
-  return PartialBytes(params, d) + Align256(static_cast<size_t>(params.rows) * params.width() * 2);
+  return std::max(PartialBytes(params, d) + Align256(static_cast<size_t>(params.rows) * params.width() * 2),
+                  HcFastPlainScratchBytes(params));
 }
 
 size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning) {
   const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
   if (!Runnable(params, sm_major, cluster)) return 0;
+  if (HcFastRunsPlain(params, sm_major, tuning)) return HcFastPlainSharedMemoryBytes(params);
   const FastDims d = MakeDims(params, cluster, tuning);
   return std::max(Stage1Layout(d, cluster).total, Stage2Layout(d).total);
 }
@@ -775,10 +548,13 @@ cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& pa
                               args.streams_out, scratch})) {
     return cudaErrorInvalidValue;
   }
+  use_pdl = use_pdl && HcFastUsesSm90Features(sm_major);
+  if (HcFastRunsPlain(params, sm_major, tuning)) {
+    return LaunchHcFastPlain<T>(args, params, scratch, stream, weights_are_constant, use_pdl, tuning);
+  }
   const FastDims d = MakeDims(params, cluster, tuning);
   float* partials = static_cast<float*>(scratch);
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + PartialBytes(params, d));
-  use_pdl = use_pdl && HcFastUsesSm90Features(sm_major);
   switch (cluster) {
     case 8: return LaunchStages<T, 8>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
     case 4: return LaunchStages<T, 4>(args, d, partials, hn, stream, weights_are_constant, use_pdl);

@@ -2,7 +2,8 @@
 // Two kernels: stage 1 splits K = C*H over ~128 CTAs (prologue, per-branch RMS norm, down and inject
 // products on tensor cores, fp32 partials reduced inside a thread-block cluster); stage 2 splits the
 // H features over ~128 CTAs (fixed-order partial reduction, ScaledSiLU, up product on tensor cores,
-// sigmoid, pre-mix, post_gate). Rows go through in tiles of 16 (the mma's M).
+// sigmoid, pre-mix, post_gate). Rows go through in tiles of 16 (the mma's M). A second design without
+// clusters (hc_fast_plain.cu, same bits) runs when HcFastTuning::design asks for it.
 // Shapes it supports: hc_fast_path_eligibility.h. Launcher declarations only; no ORT type here.
 #pragma once
 

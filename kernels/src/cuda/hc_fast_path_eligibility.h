@@ -16,8 +16,9 @@ inline constexpr int64_t kHcFastSsParts = 8;               // a branch's sum of 
 inline constexpr int64_t kHcFastMaxStage1Ctas = 128;       // about one CTA per SM of an H100/H200
 inline constexpr int64_t kHcFastMaxStage2Ctas = 160;  // with 16-byte pieces (hs % 8 == 0); else 128
 // Row counts up to which the glue picks the fast path by itself: on the H200 (bench/bench_decode.py,
-// bf16 and fp16) it beats the general path and the stock chain up to 16 rows; at 32 rows the general
-// path (32 us per block) is faster than the fast path (50 us).
+// bf16 and fp16) it beats the general path and the stock chain up to 16 rows (26.9 / 25.8 us per block
+// against stock 32.8 / 31.4 at 16 rows); at 32 rows the general path (32-35 us per block) is faster
+// than the fast path (50 us).
 inline constexpr int64_t kHcFastMaxAutoRows = 16;
 
 // Tuning of the fast path that never changes a result (every choice sums in the same order):
@@ -28,10 +29,20 @@ inline constexpr int64_t kHcFastMaxAutoRows = 16;
 // stage 1's partial sums (a rank's CTAs first, then the groups), so it is for benchmarks only.
 // Defaults measured on the H200 (bench/README.md): local sums of squares win at 1 row only, local
 // hidden values never (every CTA would read all partials).
+// design picks the kernels: kAuto (the plain design up to kHcFastPlainMaxRows rows where it can run,
+// else the cluster design), kCluster or kPlain (benchmarks and tests; kPlain falls back to the cluster
+// design where it cannot run). Both designs give the same bits (hc_fast_plain.cu says why).
+// timeline / timeline_slot: the timeline probe's record buffer and the slot of stage 1 (stage 2 takes
+// the next one); only builds with HCFUSE_FAST_TIMELINE write to it (bench/fast_path_timeline.cu).
+enum class HcFastDesign { kAuto = 0, kCluster = 1, kPlain = 2 };
 struct HcFastTuning {
   int64_t ss_local_max_rows = 1;
   int64_t hidden_local_max_rows = 0;
   int64_t cluster = 0;  // 0, 4 or 8
+  HcFastDesign design = HcFastDesign::kAuto;
+  bool bulk_copies = true;  // plain design: weight tiles by the copy engine (cp.async.bulk), not cp.async
+  unsigned long long* timeline = nullptr;
+  int timeline_slot = 0;
 };
 
 // Thread-block clusters and programmatic dependent launch need the kernels' sm_90 code. The build
@@ -98,6 +109,71 @@ inline bool IsHcFastPathSupported(const HcLowRankMixParams& p, int sm_major, int
 // The glue's automatic choice: supported and a decode-sized row count (zero rows goes anywhere).
 inline bool IsHcFastPathEligible(const HcLowRankMixParams& p, int sm_major, int sm_minor, int element_bytes) {
   return p.rows <= kHcFastMaxAutoRows && IsHcFastPathSupported(p, sm_major, sm_minor, element_bytes);
+}
+
+// ---- The plain design (hc_fast_plain.cu): no clusters, one CTA per SM per kernel, each stage 1 CTA
+// doing what one cluster of 8 does in the cluster design for one eighth of the columns, so the bits
+// are the cluster design's (cluster size 8). It needs sm_90 (the cluster design's order on sm_90),
+// 8 cluster-design CTAs per group inside one branch, and a stage 2 tiling (below).
+inline constexpr int64_t kHcFastPlainRanks = 8;             // = kHcFastClusterSize = warps of stage 1
+inline constexpr int64_t kHcFastPlainMaxStage2Ctas = 128;   // at most one CTA per SM
+inline constexpr int64_t kHcFastPlainMaxTileBytes = 72 * 1024;
+// Row counts up to which kAuto takes the plain design: none. Measured on the H200 (bench/README.md,
+// issue 15 notes): the plain design ties the cluster design at 1 row in bf16 (14.3 vs 14.4 us per
+// block), loses in fp16 (14.1 vs 12.8) and from 2 rows on (every CTA adds all partials and reads
+// whole branch rows from L2), so it runs only when HCFUSE_FAST_DESIGN=plain asks for it.
+inline constexpr int64_t kHcFastPlainMaxRows = 0;
+
+// Stage 2 of the plain design: ctas CTAs of hs = H / ctas features of every branch; each copies the
+// 16-byte chunks that cover its features, a window of `window` elements per branch row.
+struct HcFastPlainStage2Tiling {
+  int64_t ctas = 0, hs = 0, window = 0;
+};
+inline HcFastPlainStage2Tiling HcFastPlainStage2(const HcLowRankMixParams& p) {
+  HcFastPlainStage2Tiling t;
+  if (p.H % 8 != 0) return t;
+  for (int64_t ctas = kHcFastPlainMaxStage2Ctas; ctas >= 1; --ctas) {
+    if (p.H % ctas != 0) continue;
+    t.ctas = ctas;
+    t.hs = p.H / ctas;
+    for (int64_t j = 0; j < ctas; ++j) {
+      const int64_t h0 = j * t.hs, begin = h0 / 8 * 8, end = HcFastRoundUp(h0 + t.hs, 8);
+      t.window = end - begin > t.window ? end - begin : t.window;
+    }
+    return t;
+  }
+  return t;
+}
+// Down n-tiles (8 columns) of one of the 8 column slices of stage 1.
+inline int64_t HcFastPlainTilesPerSlice(const HcLowRankMixParams& p) {
+  return (p.R / 8 + kHcFastPlainRanks - 1) / kHcFastPlainRanks;
+}
+inline int64_t HcFastPlainStage1TileBytes(const HcLowRankMixParams& p, int64_t slice) {
+  return slice * HcFastPaddedStride(HcFastPlainTilesPerSlice(p) * 8) * 2;
+}
+inline int64_t HcFastPlainStage2TileBytes(const HcLowRankMixParams& p, const HcFastPlainStage2Tiling& t) {
+  return p.C * HcFastRoundUp(p.R, 16) * HcFastPaddedStride(t.window) * 2;
+}
+
+// The plain design can run this call (IsHcFastPathSupported assumed): sm_90 with the default
+// cluster size, the cluster design's groups of 8 stage 1 CTAs inside one branch, and both tiles fit.
+inline bool IsHcFastPlainSupported(const HcLowRankMixParams& p, int sm_major, int64_t cluster_request) {
+  if (!HcFastUsesSm90Features(sm_major) || HcFastClusterSize(sm_major, cluster_request) != kHcFastPlainRanks) {
+    return false;
+  }
+  const int64_t cpb = HcFastStage1CtasPerBranch(p, kHcFastPlainRanks);
+  // groups of 8 inside one branch; at most 16 groups (stage 2 adds them as four float4)
+  if (cpb <= 0 || cpb % kHcFastPlainRanks != 0 || cpb * p.C / kHcFastPlainRanks > 16) return false;
+  const HcFastPlainStage2Tiling t = HcFastPlainStage2(p);
+  const int64_t slice = p.H / cpb * kHcFastPlainRanks;
+  return t.ctas > 0 && HcFastPlainStage1TileBytes(p, slice) <= kHcFastPlainMaxTileBytes &&
+         HcFastPlainStage2TileBytes(p, t) <= kHcFastPlainMaxTileBytes;
+}
+
+// Which design LaunchHcFast runs (for a call the fast path supports).
+inline bool HcFastRunsPlain(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tuning) {
+  if (tuning.design == HcFastDesign::kCluster || !IsHcFastPlainSupported(p, sm_major, tuning.cluster)) return false;
+  return tuning.design == HcFastDesign::kPlain || p.rows <= kHcFastPlainMaxRows;
 }
 
 // Every pointer the kernels read with 16-byte (cp.async / vector) accesses is 16-byte aligned.

@@ -57,9 +57,10 @@ PathChoice ReadForcedPath() {
                        ORT_INVALID_ARGUMENT);
 }
 
-// HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split
-// (results never change), HCFUSE_FAST_CLUSTER its cluster size (last bits may change): benchmarks,
-// see HcFastTuning.
+// HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split and
+// HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels and HCFUSE_FAST_BULK (0|1) how weight tiles are
+// copied (results never change), HCFUSE_FAST_CLUSTER its
+// cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
 HcFastTuning ReadFastTuning() {
   HcFastTuning tuning;
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
@@ -75,6 +76,24 @@ HcFastTuning ReadFastTuning() {
                            ORT_INVALID_ARGUMENT);
     }
     *field = parsed;
+  }
+  if (const char* design = std::getenv("HCFUSE_FAST_DESIGN"); design != nullptr && *design != '\0') {
+    if (std::strcmp(design, "cluster") == 0) {
+      tuning.design = HcFastDesign::kCluster;
+    } else if (std::strcmp(design, "plain") == 0) {
+      tuning.design = HcFastDesign::kPlain;
+    } else if (std::strcmp(design, "auto") != 0) {
+      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_DESIGN must be 'auto', 'cluster' or 'plain'; got '" +
+                               design + "'",
+                           ORT_INVALID_ARGUMENT);
+    }
+  }
+  if (const char* bulk = std::getenv("HCFUSE_FAST_BULK"); bulk != nullptr && *bulk != '\0') {
+    if (std::strcmp(bulk, "0") != 0 && std::strcmp(bulk, "1") != 0) {
+      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_BULK must be 0 or 1; got '" + bulk + "'",
+                           ORT_INVALID_ARGUMENT);
+    }
+    tuning.bulk_copies = *bulk == '1';
   }
   if (tuning.cluster != 0 && tuning.cluster != 4 && tuning.cluster != 8) {
     throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_CLUSTER must be 4 or 8; got " +

@@ -1,0 +1,329 @@
+// Timeline probe of the fast path's real kernels in a decode chain (issue 15): the library's own
+// launcher (LaunchHcFast) runs a chain of blocks of the real shape (C=4, H=2560, R=320, bf16, 8 weight
+// sets cycling, block k+1 fed by block k's outputs as in bench_decode.py) under CUDA graphs with
+// programmatic dependent launch, for each design (cluster, plain) and row count:
+//   - us per block: slope between the 96- and 48-block graphs (best of --reps x 20 replays);
+//   - whether the two designs' final outputs are bitwise equal (they must be);
+//   - a timeline: thread 0 of every CTA records %globaltimer at its start, after the grid-dependency
+//     wait and at its end (kernels built with HCFUSE_FAST_TIMELINE); averaged over the chain's
+//     steady-state blocks: how many earlier kernels still run when a kernel's first CTA starts, how
+//     long its CTAs are resident before the wait returns (time to stream weights), the boundary (end
+//     of the previous kernel -> this one's wait returns) and the work after the wait, per stage.
+// Built by CMake with -DHCFUSE_FAST_TIMELINE=ON (target hc_fast_timeline); no ONNX Runtime needed.
+//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/hc_fast_path.h"
+
+namespace {
+
+using hcfuse::HcFastDesign;
+using T = __nv_bfloat16;
+
+constexpr int kC = 4, kH = 2560, kR = 320, kK = kC * kH, kSets = 8;
+constexpr int kCtas = 256;  // records per kernel slot (fast::kTimelineCtas)
+constexpr int kFields = 9;  // start, waited, end (ns), waited, end (SM cycles), 4 phases (ns; plain design)
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+T* DeviceRandom(size_t n, float lo, float hi, std::mt19937& gen) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<T> h(n);
+  for (auto& v : h) v = __float2bfloat16(dist(gen));
+  T* d = nullptr;
+  CK(cudaMalloc(&d, n * sizeof(T)));
+  CK(cudaMemcpy(d, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+struct WeightSet {
+  T *norm_scale, *down, *up, *inject;
+};
+
+struct Chain {
+  int rows = 0;
+  std::vector<WeightSet> sets;
+  T* streams_in = nullptr;
+  std::vector<T*> pre, gate, streams;  // per block outputs
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+};
+
+hcfuse::HcLowRankMixParams Params(int rows, bool prologue) {
+  hcfuse::HcLowRankMixParams p;
+  p.rows = rows;
+  p.C = kC;
+  p.H = kH;
+  p.R = kR;
+  p.has_prologue = prologue;
+  p.has_streams_out = true;
+  p.epsilon = 1e-6f;
+  p.reduction_scale = 0.25f;
+  p.silu_alpha = 0.25f;
+  p.gate_div = 4.0f;
+  p.gate_mul = 2.0f;
+  p.leading_dims = {rows};
+  return p;
+}
+
+// Enqueues blocks [0, n) on `stream`; slots 2b, 2b + 1 of the timeline for block b when timeline is set.
+struct Config {
+  const char* name;
+  HcFastDesign design;
+  bool bulk;
+  bool pdl = true;
+};
+
+void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, cudaStream_t stream) {
+  for (int b = 0; b < n; ++b) {
+    const WeightSet& w = c.sets[b % kSets];
+    hcfuse::HcFastArgs<T> a;
+    a.streams = b == 0 ? c.streams_in : c.streams[b - 1];
+    a.norm_scale = w.norm_scale;
+    a.down_weight = w.down;
+    a.up_weight = w.up;
+    a.inject_weight = w.inject;
+    a.prev_block_output = b == 0 ? nullptr : c.pre[b - 1];
+    a.prev_post_gate = b == 0 ? nullptr : c.gate[b - 1];
+    a.pre_output = c.pre[b];
+    a.post_gate = c.gate[b];
+    a.streams_out = c.streams[b];
+    hcfuse::HcFastTuning tuning;
+    tuning.design = cfg.design;
+    tuning.bulk_copies = cfg.bulk;
+    tuning.timeline = timeline;
+    tuning.timeline_slot = 2 * b;
+    CK(hcfuse::LaunchHcFast<T>(a, Params(c.rows, b > 0), c.scratch, c.scratch_bytes, stream, true, cfg.pdl, 9, tuning));
+  }
+}
+
+cudaGraphExec_t Capture(Chain& c, int n, const Config& design, unsigned long long* timeline, cudaStream_t stream) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  Enqueue(c, n, design, timeline, stream);
+  CK(cudaStreamEndCapture(stream, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphDestroy(g));
+  return ge;
+}
+
+double ReplayMs(cudaGraphExec_t ge, cudaStream_t stream, int reps) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, stream));
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(e0, stream));
+    for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(ge, stream));
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, static_cast<double>(ms) / 20);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return best;
+}
+
+std::vector<unsigned short> Download(const T* p, size_t n) {
+  std::vector<unsigned short> h(n);
+  CK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+struct KernelSpan {
+  double start_min = 1e300, start_max = 0, wait_min = 1e300, wait_max = 0, end_max = 0;
+  double cycles = 0, ns = 0;  // summed over CTAs, wait -> end: the SM clock
+  double phase[4] = {0, 0, 0, 0};  // mean over CTAs of phase end - wait return (us)
+  int phased = 0;
+};
+
+// Per-kernel spans (us from the first start) of slots [0, kernels), CTAs with a record.
+std::vector<KernelSpan> Spans(const std::vector<unsigned long long>& rec, int kernels) {
+  unsigned long long t0 = ~0ull;
+  for (int k = 0; k < kernels; ++k) {
+    for (int cta = 0; cta < kCtas; ++cta) {
+      const unsigned long long s = rec[(static_cast<size_t>(k) * kCtas + cta) * kFields];
+      if (s != 0) t0 = std::min(t0, s);
+    }
+  }
+  std::vector<KernelSpan> spans(kernels);
+  for (int k = 0; k < kernels; ++k) {
+    for (int cta = 0; cta < kCtas; ++cta) {
+      const unsigned long long* r = &rec[(static_cast<size_t>(k) * kCtas + cta) * kFields];
+      if (r[0] == 0) continue;
+      const double s = (r[0] - t0) / 1e3, w = (r[1] - t0) / 1e3, e = (r[2] - t0) / 1e3;
+      KernelSpan& sp = spans[k];
+      sp.start_min = std::min(sp.start_min, s);
+      sp.start_max = std::max(sp.start_max, s);
+      sp.wait_min = std::min(sp.wait_min, w);
+      sp.wait_max = std::max(sp.wait_max, w);
+      sp.end_max = std::max(sp.end_max, e);
+      if (r[5] != 0) {
+        for (int q = 0; q < 4; ++q) sp.phase[q] += (static_cast<double>(r[5 + q]) - static_cast<double>(r[1])) / 1e3;
+        ++sp.phased;
+      }
+      if (r[2] > r[1]) {
+        sp.cycles += static_cast<double>(r[4] - r[3]);
+        sp.ns += static_cast<double>(r[2] - r[1]);
+      }
+    }
+  }
+  return spans;
+}
+
+void PrintTimeline(const std::vector<KernelSpan>& sp, const char* design, int rows) {
+  const int blocks = static_cast<int>(sp.size()) / 2;
+  const int first = blocks / 3, last = 2 * blocks / 3;  // steady state
+  double ahead[2] = {0, 0}, resident[2] = {0, 0}, boundary[2] = {0, 0}, work[2] = {0, 0}, spread[2] = {0, 0};
+  double period = 0, cycles = 0, ns = 0;
+  int n = 0;
+  for (int b = first; b < last; ++b) {
+    for (int s = 0; s < 2; ++s) {
+      const int k = 2 * b + s;
+      int running = 0;
+      for (int j = 0; j < k; ++j) running += sp[j].end_max > sp[k].start_min;
+      ahead[s] += running;
+      resident[s] += sp[k].wait_min - sp[k].start_max;
+      boundary[s] += sp[k].wait_min - sp[k - 1].end_max;
+      work[s] += sp[k].end_max - sp[k].wait_min;
+      spread[s] += sp[k].wait_max - sp[k].wait_min;
+    }
+    period += sp[2 * b + 2].wait_min - sp[2 * b].wait_min;
+    cycles += sp[2 * b].cycles + sp[2 * b + 1].cycles;
+    ns += sp[2 * b].ns + sp[2 * b + 1].ns;
+    ++n;
+  }
+  std::printf("timeline %-16s rows %2d (blocks %d-%d, us): period %.2f | stage 1: ahead %.1f, resident before wait "
+              "%.2f, boundary %.2f, wait spread %.2f, work %.2f | stage 2: ahead %.1f, resident %.2f, boundary %.2f, "
+              "wait spread %.2f, work %.2f | SM clock during work %.2f GHz\n",
+              design, rows, first, last - 1, period / n, ahead[0] / n, resident[0] / n, boundary[0] / n, spread[0] / n,
+              work[0] / n, ahead[1] / n, resident[1] / n, boundary[1] / n, spread[1] / n, work[1] / n,
+              ns > 0 ? cycles / ns : 0.0);
+  double ph[2][4] = {};
+  for (int b = first; b < last; ++b) {
+    for (int s = 0; s < 2; ++s) {
+      const KernelSpan& k = sp[2 * b + s];
+      for (int q = 0; q < 4 && k.phased > 0; ++q) ph[s][q] += k.phase[q] / k.phased / n;
+    }
+  }
+  if (ph[0][3] > 0) {
+    std::printf("  phase marks after the wait (us, mean CTA; the kernels' kPhase1-4 comments say what each is): "
+                "stage 1 %.2f %.2f %.2f %.2f; stage 2 %.2f %.2f %.2f %.2f\n",
+                ph[0][0], ph[0][1], ph[0][2], ph[0][3], ph[1][0], ph[1][1], ph[1][2], ph[1][3]);
+  }
+  std::printf("  kernel: first start / last start / first wait return / last wait return / last end (us)\n");
+  for (int k = 2 * first; k < 2 * first + 6; ++k) {
+    std::printf("  block %d stage %d: %8.2f %8.2f %8.2f %8.2f %8.2f\n", k / 2, k % 2 + 1, sp[k].start_min,
+                sp[k].start_max, sp[k].wait_min, sp[k].wait_max, sp[k].end_max);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> rows_list;
+  int reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--rows") == 0) {
+      while (i + 1 < argc && argv[i + 1][0] != '-') rows_list.push_back(std::atoi(argv[++i]));
+    }
+  }
+  if (rows_list.empty()) rows_list = {1, 2, 4, 8, 16};
+  const int long_n = 96, short_n = 48;
+  std::mt19937 gen(15);
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Chain c;
+  for (int s = 0; s < kSets; ++s) {
+    c.sets.push_back({DeviceRandom(kK, 0.5f, 1.5f, gen), DeviceRandom(static_cast<size_t>(kK) * kR, -0.02f, 0.02f, gen),
+                      DeviceRandom(static_cast<size_t>(kR) * kK, -0.05f, 0.05f, gen),
+                      DeviceRandom(static_cast<size_t>(kK) * kC, -0.02f, 0.02f, gen)});
+  }
+  const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
+  c.streams_in = DeviceRandom(static_cast<size_t>(max_rows) * kK, -1.0f, 1.0f, gen);
+  for (int b = 0; b < long_n; ++b) {
+    T *pre, *gate, *st;
+    CK(cudaMalloc(&pre, static_cast<size_t>(max_rows) * kH * 2));
+    CK(cudaMalloc(&gate, static_cast<size_t>(max_rows) * 16));
+    CK(cudaMalloc(&st, static_cast<size_t>(max_rows) * kK * 2));
+    c.pre.push_back(pre);
+    c.gate.push_back(gate);
+    c.streams.push_back(st);
+  }
+  c.scratch_bytes = hcfuse::HcFastScratchBytes(Params(max_rows, true));
+  CK(cudaMalloc(&c.scratch, c.scratch_bytes));
+  unsigned long long* timeline = nullptr;
+  const size_t records = static_cast<size_t>(2 * short_n) * kCtas * kFields;
+  CK(cudaMalloc(&timeline, records * 8));
+
+  std::printf("| design | rows | us per block (slope 96 vs 48 blocks) |\n|---|---|---|\n");
+  std::vector<std::string> timelines;
+  for (int rows : rows_list) {
+    c.rows = rows;
+    const Config configs[] = {{"cluster", HcFastDesign::kCluster, false},
+                              {"plain", HcFastDesign::kPlain, false},
+                              {"plain+bulk", HcFastDesign::kPlain, true},
+                              {"plain+bulk-nopdl", HcFastDesign::kPlain, true, false}};
+    constexpr int kConfigs = sizeof(configs) / sizeof(configs[0]);
+    std::vector<unsigned short> outs[kConfigs];
+    for (int di = 0; di < kConfigs; ++di) {
+      const Config& cfg = configs[di];
+      cudaGraphExec_t g96 = Capture(c, long_n, cfg, nullptr, stream);
+      cudaGraphExec_t g48 = Capture(c, short_n, cfg, nullptr, stream);
+      const double t96 = ReplayMs(g96, stream, reps), t48 = ReplayMs(g48, stream, reps);
+      std::printf("| %s | %d | %.2f |\n", cfg.name, rows, (t96 - t48) * 1e3 / (long_n - short_n));
+      CK(cudaGraphExecDestroy(g96));
+      CK(cudaGraphExecDestroy(g48));
+      // final outputs of the 48-block chain (eager), for the bitwise comparison of the designs
+      Enqueue(c, short_n, cfg, nullptr, stream);
+      CK(cudaStreamSynchronize(stream));
+      auto pre = Download(c.pre[short_n - 1], static_cast<size_t>(rows) * kH);
+      auto gate = Download(c.gate[short_n - 1], static_cast<size_t>(rows) * kC);
+      auto st = Download(c.streams[short_n - 1], static_cast<size_t>(rows) * kK);
+      outs[di] = pre;
+      outs[di].insert(outs[di].end(), gate.begin(), gate.end());
+      outs[di].insert(outs[di].end(), st.begin(), st.end());
+      // the timeline of one replay of the 48-block chain
+      cudaGraphExec_t gt = Capture(c, short_n, cfg, timeline, stream);
+      CK(cudaGraphLaunch(gt, stream));
+      CK(cudaMemsetAsync(timeline, 0, records * 8, stream));
+      CK(cudaGraphLaunch(gt, stream));
+      CK(cudaStreamSynchronize(stream));
+      std::vector<unsigned long long> rec(records);
+      CK(cudaMemcpy(rec.data(), timeline, records * 8, cudaMemcpyDeviceToHost));
+      CK(cudaGraphExecDestroy(gt));
+      PrintTimeline(Spans(rec, 2 * short_n), cfg.name, rows);
+    }
+    for (int di = 1; di < kConfigs; ++di) {
+      size_t differ = 0;
+      for (size_t i = 0; i < outs[0].size(); ++i) differ += outs[0][i] != outs[di][i];
+      std::printf("rows %d: %s vs %s outputs after %d blocks: %zu of %zu values differ\n", rows, configs[di].name,
+                  configs[0].name, short_n, differ, outs[0].size());
+    }
+  }
+  CK(cudaGetLastError());
+  return 0;
+}

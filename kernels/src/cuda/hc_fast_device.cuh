@@ -1,0 +1,213 @@
+// Device building blocks shared by the fast path's two designs (hc_fast_path.cu: clusters of 8 with
+// distributed shared memory; hc_fast_plain.cu: plain CTAs): the ablation switches, the warp-level
+// tensor-core product, S of four features, the fixed-order group sum, the timeline probe's records and
+// the launch helper. Both designs sum every value through these in the same order.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+#include <cuda_runtime.h>
+
+#include "cuda/hc_common.cuh"
+#include "cuda/hc_fast_path_eligibility.h"
+#include "cuda/hc_ptx.cuh"
+
+namespace hcfuse {
+namespace fast {
+
+using cuda::FromFloat;
+using cuda::RoundToT;
+using cuda::ToFloat;
+using namespace ptx;
+
+
+// Ablations for bench/README.md's "where the time goes" (build with -DHCFUSE_FAST_ABLATE=<bits>;
+// results are then wrong): 1 skips the weight loads, 2 returns right after the grid-dependency wait,
+// 4 skips the tensor-core products.
+#ifndef HCFUSE_FAST_ABLATE
+#define HCFUSE_FAST_ABLATE 0
+#endif
+constexpr bool kAblateWeights = (HCFUSE_FAST_ABLATE & 1) != 0;
+constexpr bool kAblateWork = (HCFUSE_FAST_ABLATE & 2) != 0;
+constexpr bool kAblateMma = (HCFUSE_FAST_ABLATE & 4) != 0;
+constexpr int kParts = static_cast<int>(kHcFastSsParts);
+
+// One warp: out[t] = A[16 x 16*ksteps] @ B[:, n0[t] .. n0[t] + 8) for TILES column tiles (n0 < 0: none),
+// A and B in shared memory (row strides lda, ldb); A has a_rows rows and a zero row after them, which
+// stands in for rows a_rows..15. k steps go round-robin to CHAINS accumulators
+// (independent mma chains), added in order at the end. The accumulator layout is mma's: lane l holds
+// rows l/4 and l/4 + 8, columns 2 * (l % 4) + {0, 1}.
+template <typename T, int TILES, int CHAINS>
+__device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T* B, int ldb, int ksteps,
+                                        const int (&n0)[TILES], float (&out)[TILES][4]) {
+  const int lane = threadIdx.x & 31;
+  float acc[CHAINS][TILES][4] = {};
+  const T* a_lane = A + min(lane & 15, a_rows) * lda + (lane >> 4) * 8;
+  const T* b_lane = B + (lane & 15) * ldb;
+  // Every fragment of a group of CHAINS k steps is loaded before the group's products are issued: the
+  // asm statements keep their program order, and a product issued right after its own loads would
+  // wait out their latency one by one (measured: ~100-170 cycles per product in the timeline probe).
+  for (int k = 0; k < ksteps; k += CHAINS) {
+    unsigned a[CHAINS][4], b[CHAINS][TILES][2];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) {
+      if (k + c >= ksteps) continue;
+      LoadAFragment(a[c], a_lane + (k + c) * 16);
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+        if (n0[t] >= 0) LoadBFragment(b[c][t], b_lane + (k + c) * 16 * ldb + n0[t]);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) {
+      if (k + c >= ksteps) continue;
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+        if (n0[t] >= 0) Mma<T>(acc[c][t], a[c], b[c][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float s = acc[0][t][j];
+#pragma unroll
+      for (int c = 1; c < CHAINS; ++c) s += acc[c][t][j];
+      out[t][j] = s;
+    }
+  }
+}
+
+// Four T at p (8-byte aligned, written by an earlier kernel) through the read-only path.
+template <typename T>
+__device__ __forceinline__ cuda::Vec<T, 4> LoadVec4(const T* p) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+  cuda::Vec<T, 4> v;
+  static_assert(sizeof(v) == sizeof(u), "four 16-bit values");
+  memcpy(&v, &u, sizeof(u));
+  return v;
+}
+
+// S for four features of one row (the prologue folded in and rounded, rounding point: S).
+template <typename T, bool PRO>
+__device__ __forceinline__ void LoadS4(const T* streams, const T* prev, float gate, float (&s)[4]) {
+  const cuda::Vec<T, 4> sv = LoadVec4<T>(streams);
+  cuda::Vec<T, 4> pv;
+  if constexpr (PRO) pv = LoadVec4<T>(prev);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    s[j] = ToFloat<T>(sv.v[j]);
+    if constexpr (PRO) s[j] = RoundToT<T>(cuda::PrologueS(s[j], gate, ToFloat<T>(pv.v[j])));
+  }
+}
+
+// sum over g = 0..groups-1 of p[g] in that order (p 16-byte aligned, written by stage 1).
+__device__ __forceinline__ float SumGroups(const float* p, int groups) {
+  float acc = 0.0f;
+  int g = 0;
+#pragma unroll 4
+  for (; g + 4 <= groups; g += 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p + g));
+    acc += v.x;
+    acc += v.y;
+    acc += v.z;
+    acc += v.w;
+  }
+  for (; g < groups; ++g) acc += __ldg(p + g);
+  return acc;
+}
+
+// Timeline probe (build with -DHCFUSE_FAST_TIMELINE, bench/fast_path_timeline.cu): thread 0 of each CTA
+// writes %globaltimer at its start, after the grid-dependency wait and at its end, and the SM's cycle
+// counter after the wait and at the end, and %globaltimer after each phase of the first pass (kPhase1..4),
+// into timeline[((slot * kTimelineCtas) + cta) * kTimelineFields + field]. Nothing is recorded in other
+// builds.
+inline constexpr int kTimelineCtas = 256;
+inline constexpr int kTimelineFields = 9;
+enum TimelineEvent { kTimelineStart = 0, kTimelineWaited = 1, kTimelineEnd = 2, kPhase1 = 5, kPhase2, kPhase3, kPhase4 };
+__device__ __forceinline__ void TimelineMark(unsigned long long* timeline, int slot, TimelineEvent event) {
+#ifdef HCFUSE_FAST_TIMELINE
+  if (timeline != nullptr && threadIdx.x == 0 && blockIdx.x < kTimelineCtas) {
+    unsigned long long* rec = timeline + (static_cast<size_t>(slot) * kTimelineCtas + blockIdx.x) * kTimelineFields;
+    rec[event] = GlobalTimer();
+    if (event == kTimelineWaited || event == kTimelineEnd) rec[2 + event] = clock64();
+  }
+#else
+  (void)timeline, (void)slot, (void)event;
+#endif
+}
+
+// The end-of-CTA record (after every thread is done), timeline probe builds only.
+__device__ __forceinline__ void TimelineEndOfCta(unsigned long long* timeline, int slot) {
+#ifdef HCFUSE_FAST_TIMELINE
+  __syncthreads();
+  TimelineMark(timeline, slot, kTimelineEnd);
+#else
+  (void)timeline, (void)slot;
+#endif
+}
+
+// One value of a group's partial: column c of row i summed over RANKS contributions in rank order
+// (red is [rank][rt][stride]), the order both designs share.
+template <int RANKS>
+__device__ __forceinline__ float SumRanks(const float* red, int rt, int stride, int i, int c) {
+  float s = 0.0f;
+#pragma unroll
+  for (int src = 0; src < RANKS; ++src) s += red[(src * rt + i) * stride + c];
+  return s;
+}
+
+// Stage 2's pre-mix for nr rows of a CTA's hs features (hn and g in shared memory as [row][C * hs]):
+// pre_output = reduction_scale * sum over c of hn * g, branches in order (rounding point: pre_output).
+// pre_output points at the pass's first row and the CTA's first feature (row stride H).
+template <typename T>
+__device__ __forceinline__ void PreMix(const T* hn_s, const float* g_s, int nr, int hs, int C, int H,
+                                       float reduction_scale, T* pre_output) {
+  for (int idx = threadIdx.x; idx < nr * hs; idx += blockDim.x) {
+    const int i = idx / hs, hh = idx % hs;
+    float mix = 0.0f;
+    for (int c = 0; c < C; ++c) {
+      const int j = (i * C + c) * hs + hh;
+      mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), g_s[j]));
+    }
+    pre_output[static_cast<size_t>(i) * H + hh] = FromFloat<T>(__fmul_rn(reduction_scale, mix));
+  }
+}
+
+// ---- Host side of both designs.
+inline size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// One kernel launch with its cluster size (1: none) and programmatic stream serialization.
+template <typename Kernel, typename... Args>
+cudaError_t Launch(Kernel kernel, int grid, int threads, size_t smem, int cluster, bool use_pdl, cudaStream_t stream,
+                   Args... args) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  if (cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (use_pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = attrs;
+  config.numAttrs = n;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+}  // namespace fast
+}  // namespace hcfuse
