@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hcfuse  # noqa: E402
 from hcfuse._op import DOMAIN, OP_TYPE, QWEN_ATTRIBUTES, QWEN_SHAPE  # noqa: E402
-from models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
-from models.qwen_decode import make_decode_model  # noqa: E402
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
+from hcfuse.models.qwen_decode import make_decode_model  # noqa: E402
 
 C, H, R = QWEN_SHAPE["C"], QWEN_SHAPE["H"], QWEN_SHAPE["R"]
 DTYPES = {"float32": np.float32, "float16": np.float16}

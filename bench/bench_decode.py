@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hcfuse  # noqa: E402
 from hcfuse._op import DOMAIN, OP_TYPE, QWEN_CONFIG  # noqa: E402
-from models.hc_block import IR_VERSION, OPSET, random_weights  # noqa: E402
+from hcfuse.models.hc_block import IR_VERSION, OPSET, random_weights  # noqa: E402
 
 C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]
 ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}

@@ -18,7 +18,7 @@ if [ "$mode" = tests ]; then
 fi
 HCFUSE_DEBUG=1 python3 - <<'PY' 2>&1 | grep -E "fast path|general path|GEMM" | sort -u | head -30
 import numpy as np, onnxruntime as ort, ml_dtypes, hcfuse
-from models.hc_block import make_fused_node_model, random_weights, random_activations
+from hcfuse.models.hc_block import make_fused_node_model, random_weights, random_activations
 from tests._compare import run_bound
 from hcfuse._op import QWEN_ATTRIBUTES as A, QWEN_SHAPE as S
 rng = np.random.default_rng(0)

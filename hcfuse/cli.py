@@ -217,22 +217,8 @@ def _lib_path(args) -> int:
     return EXIT_OK
 
 
-def _import_models():
-    """models/ lives in the repository, beside the hcfuse package (not installed with it)."""
-    try:
-        from models import qwen_decode
-    except ImportError:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if not os.path.isfile(os.path.join(root, "models", "qwen_decode.py")):
-            raise model_io.ModelIOError("demo needs the repository's models/ package; run it from a clone") from None
-        sys.path.insert(0, root)
-        from models import qwen_decode
-    return qwen_decode
-
-
 def _demo(args) -> int:
-    qwen_decode = _import_models()
-    from hcfuse.reference import DTYPES_BY_NAME
+    from hcfuse.models import qwen_decode
 
     dtype = DTYPES_BY_NAME[args.dtype]
     with tempfile.TemporaryDirectory(prefix="hcfuse-demo-") as tmp:

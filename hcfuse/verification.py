@@ -10,7 +10,7 @@ as the stock chain, so a single block differs only where accumulation order or t
 rounding: 1 ulp of a step, a few ulp of the outputs after it (measured on CPU: at most 3 ulp in
 float16, 23 ulp in float32 at the full Qwen size, where the stock MatMul and Sigmoid are themselves
 a few fp32 ulp off). A chain carries those differences through its residual streams from block to
-block, slowly: the exporter-shaped decode graphs of models/ measured 7 ulp at 8 full-size blocks, 8
+block, slowly: the exporter-shaped decode graphs of hcfuse.models measured 7 ulp at 8 full-size blocks, 8
 at 24 and 9-11 at 96 blocks in float16, 28.5 ulp at 8 full-size blocks in float32; on an H200
 (CUDA, rows 1/4/16) 6/13/15 ulp at 96 full-size blocks in bfloat16 and 18/29/38.5 ulp at 8
 full-size blocks in float32 (TF32 off: it keeps only 10 mantissa bits, thousands of ulp). The bounds,

@@ -10,7 +10,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from hcfuse._op import DOMAIN, INPUTS, OP_TYPE, OUTPUTS
-from models.hc_block import IR_VERSION, OPSET, WEIGHT_NAMES
+from hcfuse.models.hc_block import IR_VERSION, OPSET, WEIGHT_NAMES
 from tests._compare import UINT_OF
 
 CUDA = "CUDAExecutionProvider"

@@ -1,6 +1,12 @@
-"""Shared fixtures: schema registration, the built custom-op library, providers, a seeded rng."""
+"""Shared fixtures: schema registration, the built custom-op library, providers, a seeded rng.
+
+HCFUSE_TEST_INSTALLED_IN=PREFIX makes the run fail unless the hcfuse under test lives below PREFIX
+(CI runs the suite against the installed wheel, not a source tree on the path).
+"""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import onnxruntime as ort
@@ -12,6 +18,22 @@ CPU_PROVIDER = "CPUExecutionProvider"
 
 def cuda_available() -> bool:
     return CUDA_PROVIDER in ort.get_available_providers()
+
+
+def pytest_report_header(config):
+    import hcfuse
+
+    return f"hcfuse {hcfuse.__version__} from {os.path.dirname(hcfuse.__file__)}"
+
+
+def pytest_configure(config):
+    prefix = os.environ.get("HCFUSE_TEST_INSTALLED_IN")
+    if prefix:
+        import hcfuse
+
+        where = os.path.realpath(hcfuse.__file__)
+        if not where.startswith(os.path.realpath(prefix) + os.sep):
+            raise pytest.UsageError(f"HCFUSE_TEST_INSTALLED_IN={prefix}: the tests would import hcfuse from {where}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -32,7 +32,7 @@ import pytest
 import hcfuse
 from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE
 from hcfuse.reference import hc_lowrank_mix, hc_lowrank_mix_steps
-from models.hc_block import make_fused_node_model, random_activations, random_weights
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import assert_bitwise_equal, max_ulp, run_bound, to_ort_value, ulp_distance
 from tests._cuda import compute_capability, cuda_session, device_to_host, fused_chain_model, scaled_ulp
 

@@ -14,7 +14,7 @@ from onnx import helper
 import hcfuse
 from hcfuse import reference
 from hcfuse._op import BRANCH_NORM, DOMAIN, INPUTS, OP_TYPE
-from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights
+from hcfuse.models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights
 from tests._compare import BFLOAT16, assert_bitwise_equal, run_bound
 
 C, H, R, ROWS = 2, 5, 3, 4

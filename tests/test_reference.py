@@ -44,7 +44,7 @@ from onnx.reference import ReferenceEvaluator
 
 from hcfuse import reference
 from hcfuse._op import ATTRIBUTES, BRANCH_NORM, DOMAIN, OUTPUTS, POST_MIX, PRE_MIX, QWEN_ATTRIBUTES, SCALED_SILU
-from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights, weight_shapes
+from hcfuse.models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights, weight_shapes
 from tests.oprun import CONTRIB_OPS
 from tests._compare import BFLOAT16, assert_bitwise_equal, cpu_session, max_ulp, run_bound, run_stock
 

@@ -15,8 +15,8 @@ import hcfuse
 from hcfuse import _op, reference
 from hcfuse.unfusion import unfuse as unfuse_in_place
 from hcfuse.verification import DEFAULT_MAX_ULP, ulp_gap
-from models.hc_block import make_fused_node_model, random_activations, random_weights
-from models.qwen_decode import make_decode_model
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
+from hcfuse.models.qwen_decode import make_decode_model
 from tests._compare import run_stock
 
 C, H, R = 4, 16, 8

@@ -1,7 +1,7 @@
-"""`python -m models.build OUT.onnx [options]`: writes a decode graph with the stock hyper-connection chain.
+"""`python -m hcfuse.models.build OUT.onnx [options]`: writes a decode graph with the stock hyper-connection chain.
 
 Example (the full-size 96-block bf16 model, ~2.5 GB of weights in OUT.onnx.data):
-    python -m models.build qwen96.onnx --blocks 96 --dtype bfloat16 --external-data
+    python -m hcfuse.models.build qwen96.onnx --blocks 96 --dtype bfloat16 --external-data
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 from hcfuse import _op
 from hcfuse.reference import DTYPES_BY_NAME
-from models.qwen_decode import save_decode_model
+from hcfuse.models.qwen_decode import save_decode_model
 
 
 def _dims(text: str) -> tuple:
@@ -20,7 +20,7 @@ def _dims(text: str) -> tuple:
 
 def parse_args(argv=None) -> argparse.Namespace:
     q = _op.QWEN_CONFIG
-    p = argparse.ArgumentParser(prog="python -m models.build", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m hcfuse.models.build", description=__doc__.splitlines()[0])
     p.add_argument("output", help="path of the .onnx file to write")
     p.add_argument("--blocks", type=int, default=q["num_blocks"], help="hyper-connection blocks (default %(default)s)")
     p.add_argument("--branches", "-C", type=int, default=q["num_branches"], dest="C")
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
             num_weight_sets=a.weight_sets, seed=a.seed, **_op.QWEN_ATTRIBUTES,
         )
     except (ValueError, OSError) as e:
-        print(f"models.build: {e}", file=sys.stderr)
+        print(f"hcfuse.models.build: {e}", file=sys.stderr)
         return 2
     print(f"wrote {a.output}: {a.blocks} blocks, C={a.C} H={a.H} R={a.R} {a.dtype}")
     return 0
