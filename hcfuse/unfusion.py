@@ -18,8 +18,6 @@ import onnx_ir as ir
 
 from hcfuse import _op
 
-_DEFAULT_OPSET = 21
-
 
 def _attributes(node: ir.Node) -> dict[str, float | int]:
     values = _op.attribute_defaults()
@@ -141,6 +139,6 @@ def unfuse(model: ir.Model) -> int:
             _expand(node, constants, base)
             count += 1
     if count:
-        model.opset_imports.setdefault("", _DEFAULT_OPSET)
+        model.opset_imports.setdefault("", _op.ONNX_OPSET)
         model.opset_imports.setdefault(_op.DOMAIN, 1)
     return count

@@ -12,8 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-CUDA_PROVIDER = "CUDAExecutionProvider"
-CPU_PROVIDER = "CPUExecutionProvider"
+from hcfuse._session import CPU as CPU_PROVIDER
+from hcfuse._session import CUDA as CUDA_PROVIDER
+from hcfuse._session import inference_session
 
 
 def cuda_available() -> bool:
@@ -85,12 +86,7 @@ def make_session(hcfuse_lib):
     library registered and graph optimizations off (it runs exactly the nodes the test built)."""
 
     def make(model, provider: str = CPU_PROVIDER, intra_op_threads: int = 0, **session_config) -> ort.InferenceSession:
-        so = ort.SessionOptions()
-        so.register_custom_ops_library(hcfuse_lib)
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.intra_op_num_threads = intra_op_threads  # 0: ORT's default
-        for key, value in session_config.items():
-            so.add_session_config_entry(key, value)
-        return ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
+        return inference_session(model, [provider], library=hcfuse_lib, intra_op_threads=intra_op_threads,
+                                 config=session_config)
 
     return make

@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from hcfuse import _op
-from hcfuse.reference import DTYPES_BY_NAME
 from hcfuse.models.qwen_decode import save_decode_model
+from hcfuse.reference import DTYPES_BY_NAME
 
 
 def _dims(text: str) -> tuple:
