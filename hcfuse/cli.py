@@ -140,6 +140,8 @@ def _short(item) -> str:
 
 
 def _optimize(args) -> int:
+    if os.path.isdir(args.input):
+        return _genai_folder(args)
     t_start = time.perf_counter()
     model = model_io.load(args.input)
     model_io.check_output_path(args.output, args.input, model)
@@ -192,6 +194,8 @@ def _optimize(args) -> int:
 
 
 def _unfuse(args) -> int:
+    if os.path.isdir(args.input):
+        return _genai_folder(args, unfuse=True)
     from hcfuse.unfusion import unfuse
 
     model = model_io.load(args.input)
@@ -200,6 +204,21 @@ def _unfuse(args) -> int:
     model_io.save(model, args.output)
     print(f"hcfuse unfuse: {args.input} -> {args.output}: expanded {count} {_op.OP_TYPE} node(s)")
     return EXIT_OK
+
+
+def _genai_folder(args, unfuse: bool = False) -> int:
+    """An onnxruntime-genai model folder (hcfuse.genai_folder): the decoder through the file pipeline."""
+    from hcfuse import genai_folder
+
+    if unfuse:
+        result = genai_folder.unfuse_folder(args.input, args.output, debug=args.debug)
+    else:
+        result = genai_folder.optimize_folder(args.input, args.output, copy_library=not args.link_library,
+                                              verify=args.verify, report=args.report,
+                                              infer_shapes=args.infer_shapes, debug=args.debug)
+    print(f"hcfuse: onnxruntime-genai folder {args.input} -> {args.output}: {len(result.copied)} other file(s) "
+          f"copied; {genai_folder.CONFIG_NAME} custom_ops_library: {result.custom_ops_library or '(none)'}")
+    return result.pipeline
 
 
 def _infer_shapes_cmd(args) -> int:
@@ -254,11 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = add("optimize", _optimize, f"fuse every hyper-connection block into one {_op.OP_TYPE} node")
+    p = add("optimize", _optimize, f"fuse every hyper-connection block into one {_op.OP_TYPE} node "
+            "(INPUT a model file, or an onnxruntime-genai model folder and OUTPUT a folder)")
     p.add_argument("--verify", action="store_true", help="run both models in onnxruntime and compare (ulp of T)")
     p.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     p.add_argument("--infer-shapes", action="store_true", help="run symbolic shape inference after fusing")
-    add("unfuse", _unfuse, f"expand every {_op.OP_TYPE} node back into the stock contrib-op chain")
+    p.add_argument("--link-library", action="store_true",
+                   help="INPUT an onnxruntime-genai model folder (OUTPUT a folder): name the installed library by "
+                        "its absolute path in genai_config.json instead of copying it into OUTPUT")
+    add("unfuse", _unfuse, f"expand every {_op.OP_TYPE} node back into the stock contrib-op chain "
+        "(INPUT a model file, or an onnxruntime-genai model folder and OUTPUT a folder)")
     add("infer-shapes", _infer_shapes_cmd, "symbolic shape inference (ONNX Runtime's, with hcfuse's handler)")
     p = add("demo", _demo, "build a small decode model, fuse it, verify it, print the summary", io=False)
     p.add_argument("--blocks", type=_positive, default=4)
@@ -267,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-H", type=_positive, default=64, help="features per branch")
     p.add_argument("-R", type=_positive, default=16, help="gate rank")
     p.add_argument("--out-dir", help="keep the models here (default: a temporary folder)")
-    p.set_defaults(report=None, infer_shapes=False)
+    p.set_defaults(report=None, infer_shapes=False, link_library=False)
     add("lib-path", _lib_path, "print the path of the custom-op library", io=False)
     return parser
 

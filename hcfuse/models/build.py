@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from hcfuse import _op
+from hcfuse.models.genai_model_folder import save_genai_model_folder
 from hcfuse.models.qwen_decode import save_decode_model
 from hcfuse.reference import DTYPES_BY_NAME
 
@@ -34,17 +35,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weight-sets", type=int, default=None, help="blocks cycle through this many weight sets")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--external-data", action="store_true", help="weights in OUTPUT.data next to the model")
+    p.add_argument("--genai-folder", action="store_true",
+                   help="OUTPUT is a folder: write an onnxruntime-genai model folder (model.onnx, model.onnx.data, "
+                        "genai_config.json, tokenizer files) shaped like its model builder's")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    options = dict(C=a.C, H=a.H, R=a.R, dtype=DTYPES_BY_NAME[a.dtype], packed=not a.separate,
+                   leading_dims=a.leading_dims, sublayer=a.sublayer, final_mix=a.final_mix,
+                   num_weight_sets=a.weight_sets, seed=a.seed, **_op.QWEN_ATTRIBUTES)
     try:
-        save_decode_model(
-            a.output, a.blocks, external_data=a.external_data, C=a.C, H=a.H, R=a.R, dtype=DTYPES_BY_NAME[a.dtype],
-            packed=not a.separate, leading_dims=a.leading_dims, sublayer=a.sublayer, final_mix=a.final_mix,
-            num_weight_sets=a.weight_sets, seed=a.seed, **_op.QWEN_ATTRIBUTES,
-        )
+        if a.genai_folder:
+            save_genai_model_folder(a.output, a.blocks, **options)
+        else:
+            save_decode_model(a.output, a.blocks, external_data=a.external_data, **options)
     except (ValueError, OSError) as e:
         print(f"hcfuse.models.build: {e}", file=sys.stderr)
         return 2
