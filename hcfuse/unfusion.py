@@ -76,7 +76,7 @@ def _expand(node: ir.Node, constants: _Constants, base: str) -> None:
     if streams is None or any(w is None for w in (norm_scale, down_w, up_w, inject_w)):
         raise ValueError(
             f"{_op.OP_TYPE} node {node.name!r}: the first {_op.NUM_REQUIRED_INPUTS} inputs "
-            f"{_op.INPUTS[:_op.NUM_REQUIRED_INPUTS]} are required; got {[v and v.name for v in inputs[:5]]}"
+            f"{_op.INPUTS[:_op.NUM_REQUIRED_INPUTS]} are required; got {[v and v.name for v in inputs[:_op.NUM_REQUIRED_INPUTS]]}"
         )
     if (prev_out is None) != (prev_gate is None):
         raise ValueError(

@@ -10,7 +10,19 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from hcfuse._op import DOMAIN, INPUTS, IR_VERSION, ONNX_OPSET, OP_TYPE, OUTPUTS, WEIGHT_INPUTS
+from hcfuse._op import (
+    DOMAIN,
+    INPUTS,
+    IR_VERSION,
+    ONNX_OPSET,
+    OP_TYPE,
+    OUTPUTS,
+    POST_GATE,
+    PRE_OUTPUT,
+    STREAMS,
+    STREAMS_OUT,
+    WEIGHT_INPUTS,
+)
 from hcfuse._session import CUDA, inference_session
 from tests._compare import UINT_OF
 
@@ -82,12 +94,15 @@ def fused_chain_model(weight_sets: list[dict[str, np.ndarray]], num_blocks: int,
         weights = [f"w{k % len(weight_sets)}_{n}" for n in WEIGHT_INPUTS]
         last = k == num_blocks - 1
         outs = list(OUTPUTS) if last else [f"{n}_{k}" for n in OUTPUTS]
-        ins = [INPUTS[0], *weights] if prev is None else [prev[2], *weights, prev[0], prev[1]]
+        if prev is None:
+            ins = [INPUTS[STREAMS], *weights]
+        else:  # streams, weights, prev_block_output, prev_post_gate from the block before
+            ins = [prev[STREAMS_OUT], *weights, prev[PRE_OUTPUT], prev[POST_GATE]]
         nodes.append(helper.make_node(OP_TYPE, ins, outs, domain=DOMAIN, name=f"block_{k}", num_branches=C, **attrs))
         prev = outs
     widths = {"pre_output": H, "post_gate": C, "streams_out": C * H}
     graph = helper.make_graph(
-        nodes, "hc_fused_chain", [helper.make_tensor_value_info(INPUTS[0], elem, ["rows", C * H])],
+        nodes, "hc_fused_chain", [helper.make_tensor_value_info(INPUTS[STREAMS], elem, ["rows", C * H])],
         [helper.make_tensor_value_info(n, elem, ["rows", widths[n]]) for n in OUTPUTS], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid(DOMAIN, 1)],
                              ir_version=IR_VERSION)

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
 import hcfuse
-from hcfuse._op import BRANCH_NORM, DOMAIN, OP_TYPE, POST_MIX, PRE_MIX, SCALED_SILU, WEIGHT_INPUTS
+from hcfuse._op import BRANCH_NORM, DOMAIN, OP_TYPE, POST_MIX, PRE_MIX, PREV_POST_GATE, SCALED_SILU, WEIGHT_INPUTS
 from hcfuse.ort_symbolic_shape import (
     HcSymbolicShapeInference,
     IncompleteShapeInferenceError,
@@ -233,7 +233,7 @@ def _break(model: onnx.ModelProto, case: str) -> onnx.ModelProto:
     elif case == "inject_weight":
         model.graph.initializer[3].CopyFrom(helper.make_tensor("inject_weight", F32, [16, 3], [0.0] * 48))
     elif case == "half_prologue":
-        node.input[6] = ""
+        node.input[PREV_POST_GATE] = ""
     elif case == "missing_streams":
         node.input[0] = ""
     elif case == "prev_leading":
