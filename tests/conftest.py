@@ -28,6 +28,8 @@ def pytest_report_header(config):
 
 
 def pytest_configure(config):
+    # registered here, not in pyproject.toml: the suite also runs from a copy of tests/ without it
+    config.addinivalue_line("markers", "cuda: needs a CUDA device and onnxruntime-gpu (skipped elsewhere)")
     prefix = os.environ.get("HCFUSE_TEST_INSTALLED_IN")
     if prefix:
         import hcfuse
