@@ -3,13 +3,14 @@
 # (kernels/src/cuda/hc_fast_path.cu: 1 no weight loads, 2 nothing after the dependency wait,
 # 4 no tensor-core products; results are wrong in these builds) and times the fast path of each
 # with bench_decode.py. Writes $OUT/ablation/<bits>/decode.md (or ./h200_out/...).
-#   source .device/env.sh; bash bench/ablation.sh [rows...]
+# On a GPU machine with onnxruntime-gpu, ORT_INCLUDE_DIR set as for bench/h200_session.sh:
+#   ORT_INCLUDE_DIR=/path/to/ort/include bash bench/ablation.sh [rows...]
 set -uo pipefail
 out=${OUT:-h200_out}/ablation
 rows=${*:-1 4 16}
 for bits in ${ABLATE_BITS:-0 1 2 3 4}; do
   (cmake -S kernels -B /tmp/ablate$bits -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-     -DCMAKE_CUDA_FLAGS="-DHCFUSE_FAST_ABLATE=$bits" -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?}" > /dev/null &&
+     -DCMAKE_CUDA_FLAGS="-DHCFUSE_FAST_ABLATE=$bits" -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h}" > /dev/null &&
    ninja -C /tmp/ablate$bits > /dev/null) &
 done
 wait

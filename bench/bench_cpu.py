@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hcfuse  # noqa: E402
 from hcfuse._op import DOMAIN, OP_TYPE, QWEN_ATTRIBUTES, QWEN_SHAPE  # noqa: E402
-from models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
-from models.qwen_decode import make_decode_model  # noqa: E402
+from hcfuse._session import inference_session  # noqa: E402
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
+from hcfuse.models.qwen_decode import make_decode_model  # noqa: E402
 
 C, H, R = QWEN_SHAPE["C"], QWEN_SHAPE["H"], QWEN_SHAPE["R"]
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -78,13 +79,7 @@ LIBRARY = None  # --library: another build of the custom-op library (default: hc
 
 
 def session(model_bytes: bytes, threads: int):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(LIBRARY or hcfuse.get_library_path())
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    return inference_session(model_bytes, library=LIBRARY or True, optimize=True, intra_op_threads=threads)
 
 
 def time_ms(sess, feeds: dict, budget_s: float, min_reps: int, max_reps: int) -> float:

@@ -14,7 +14,7 @@ Each session runs under CUDA graphs with IO binding (one captured graph per row 
 `--reps` repetitions of `--replays` replays (3 repetitions where one replay takes over --slow-ms). Writes a markdown table, a CSV and a PNG plot
 (us per block vs rows, with the bandwidth floor) into --out.
 
-    source .device/env.sh; python3 bench/bench_decode.py --out bench/out
+    python3 bench/bench_decode.py --out bench/out   # on a GPU machine with onnxruntime-gpu and a CUDA build
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hcfuse  # noqa: E402
-from hcfuse._op import DOMAIN, OP_TYPE, QWEN_CONFIG  # noqa: E402
-from models.hc_block import IR_VERSION, OPSET, random_weights  # noqa: E402
+from hcfuse._op import DOMAIN, IR_VERSION, OP_TYPE, QWEN_CONFIG  # noqa: E402
+from hcfuse._op import ONNX_OPSET as OPSET  # noqa: E402
+from hcfuse.models.hc_block import random_weights  # noqa: E402
 
 C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]
 ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}

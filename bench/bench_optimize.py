@@ -31,7 +31,7 @@ _FLOOR = (
     "ir.save(ir.load(src), dst, external_data=os.path.basename(dst) + '.data')"
 )
 _GENERATE = (
-    "import sys, ml_dtypes; from models.qwen_decode import save_decode_model; "
+    "import sys, ml_dtypes; from hcfuse.models.qwen_decode import save_decode_model; "
     "save_decode_model(sys.argv[1], int(sys.argv[2]), dtype=ml_dtypes.bfloat16)"
 )
 

@@ -16,10 +16,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hcfuse  # noqa: E402
 from hcfuse._op import QWEN_CONFIG  # noqa: E402
-from models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
-from tests._compare import run_bound  # noqa: E402
+from hcfuse._ort_io import run_bound  # noqa: E402
+from hcfuse._session import CUDA, inference_session  # noqa: E402
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
 
 C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]
 ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
@@ -30,15 +30,11 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16])
     ap.add_argument("--iters", type=int, default=3)
     args = ap.parse_args()
-    import onnxruntime as ort
-
     rng = np.random.default_rng(6)
     dtype = ml_dtypes.bfloat16
     model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True,
                                   weights_as_inputs=False, weights=random_weights(C, H, R, dtype, rng), **ATTRS)
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(hcfuse.get_library_path())
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+    sess = inference_session(model, [CUDA], optimize=True)
     for rows in args.rows:
         feeds = random_activations((rows,), C, H, dtype, rng, prologue=True)
         for _ in range(args.iters):

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# One device session: build the custom-op library (and the fast path's timeline probe), run the CUDA
-# tests (TESTS: pytest files, default both CUDA files), the timeline probe (TIMELINE_ROWS, e.g. "1 2 4";
-# unset: skipped), then bench_decode.py. Everything is logged under $OUT (the device tool's result
-# folder) or ./h200_out.
-#   source .device/env.sh; bash bench/h200_session.sh [tests|notests] [bench_decode.py args...]
+# One session on a GPU machine: build the custom-op library (and the fast path's timeline probe), run
+# the CUDA tests (TESTS: pytest files, default both CUDA files), the timeline probe (TIMELINE_ROWS, e.g.
+# "1 2 4"; unset: skipped), then bench_decode.py. Needs onnxruntime-gpu importable and ORT_INCLUDE_DIR (a
+# folder holding onnxruntime_c_api.h; README, "Running the CUDA tests on a GPU machine"). Everything is
+# logged under $OUT, or ./h200_out.
+#   ORT_INCLUDE_DIR=/path/to/ort/include bash bench/h200_session.sh [tests|notests] [bench_decode.py args...]
 set -uo pipefail
 out=${OUT:-h200_out}
 mkdir -p "$out"
 build=${HCFUSE_BUILD_DIR:-/tmp/b}
 cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DHCFUSE_FAST_TIMELINE=ON \
-  -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?source .device/env.sh first}" > "$out/cmake.log" 2>&1 &&
+  -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h}" > "$out/cmake.log" 2>&1 &&
   ninja -C "$build" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 export HCFUSE_LIBRARY=$build/libhcfuse_ops.so
 mode=${1:-tests}; shift || true
@@ -23,15 +24,15 @@ if [ "$mode" = tests ]; then
   grep -E "passed|failed|Error|error" "$out/tests.log" | tail -15
 fi
 HCFUSE_DEBUG=1 python3 - <<'PY' 2>&1 | grep -E "fast path|general path|GEMM" | sort -u | head -30
-import numpy as np, onnxruntime as ort, ml_dtypes, hcfuse
-from models.hc_block import make_fused_node_model, random_weights, random_activations
-from tests._compare import run_bound
+import numpy as np, ml_dtypes
+from hcfuse.models.hc_block import make_fused_node_model, random_weights, random_activations
+from hcfuse._ort_io import run_bound
+from hcfuse._session import CUDA, inference_session
 from hcfuse._op import QWEN_ATTRIBUTES as A, QWEN_SHAPE as S
 rng = np.random.default_rng(0)
 m = make_fused_node_model(**S, dtype=ml_dtypes.bfloat16, prologue=True, streams_out=True, weights_as_inputs=False,
                           weights=random_weights(S["C"], S["H"], S["R"], ml_dtypes.bfloat16, rng), **A)
-so = ort.SessionOptions(); so.register_custom_ops_library(hcfuse.get_library_path())
-s = ort.InferenceSession(m.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+s = inference_session(m, [CUDA], optimize=True)
 for rows in (1, 4, 16, 64):
     run_bound(s, random_activations((rows,), S["C"], S["H"], ml_dtypes.bfloat16, rng, prologue=True), device="cuda")
 PY

@@ -8,12 +8,33 @@ stays cheap.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import os
 
 from hcfuse._library import get_library_path, register
 from hcfuse._op import DOMAIN, OP_TYPE, SINCE_VERSION
 from hcfuse.schema import register_schema
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, through the package metadata); from a
+    source tree that is not installed, pyproject.toml's beside the package."""
+    try:
+        return importlib.metadata.version("hcfuse")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+    try:
+        import tomllib  # Python 3.11+
+
+        with open(pyproject, "rb") as f:
+            project = tomllib.load(f).get("project", {})
+    except (ImportError, OSError, ValueError):
+        project = {}
+    return project.get("version", "0+unknown") if project.get("name") == "hcfuse" else "0+unknown"
+
+
+__version__ = _version()
 
 register_schema()
 

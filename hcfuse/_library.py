@@ -9,6 +9,11 @@ import sys
 _LIB_NAMES = {"linux": "libhcfuse_ops.so", "darwin": "libhcfuse_ops.dylib", "win32": "hcfuse_ops.dll"}
 
 
+def library_file_name() -> str:
+    """The library's file name on this platform (libhcfuse_ops.so on Linux)."""
+    return _LIB_NAMES.get(sys.platform, "libhcfuse_ops.so")
+
+
 def get_library_path() -> str:
     """Path of the hcfuse_ops shared library (CPU kernels, plus CUDA kernels when built with them).
 
@@ -19,7 +24,7 @@ def get_library_path() -> str:
         if not os.path.isfile(override):
             raise FileNotFoundError(f"HCFUSE_LIBRARY={override!r} is not a file")
         return override
-    name = _LIB_NAMES.get(sys.platform, "libhcfuse_ops.so")
+    name = library_file_name()
     path = importlib.resources.files("hcfuse") / "lib" / name
     if not path.is_file():
         raise FileNotFoundError(

@@ -24,6 +24,14 @@ NUM_REQUIRED_INPUTS = 5
 # Outputs in order; streams_out is optional.
 OUTPUTS = ("pre_output", "post_gate", "streams_out")
 NUM_REQUIRED_OUTPUTS = 2
+# Positions of the inputs and outputs above (schema, shape handler, builders and tests index with these).
+STREAMS, NORM_SCALE, DOWN_WEIGHT, UP_WEIGHT, INJECT_WEIGHT, PREV_BLOCK_OUTPUT, PREV_POST_GATE = range(len(INPUTS))
+PRE_OUTPUT, POST_GATE, STREAMS_OUT = range(len(OUTPUTS))
+WEIGHT_INPUTS = INPUTS[NORM_SCALE:NUM_REQUIRED_INPUTS]  # norm_scale, down_weight, up_weight, inject_weight
+
+# The standard ONNX opset and IR version of the models hcfuse builds (and unfusion imports by default).
+ONNX_OPSET = 21
+IR_VERSION = 10
 
 # Attribute name -> default (None: required).
 ATTRIBUTES: dict[str, float | int | None] = {

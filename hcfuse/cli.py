@@ -60,35 +60,65 @@ def _progress():
 
 
 def _optimize(args) -> int:
+    if os.path.isdir(args.input):
+        return _genai_folder(args)
     from hcfuse.pipeline import optimize_file
 
     result = optimize_file(args.input, args.output, verify=args.verify, report=args.report,
                            infer_shapes=args.infer_shapes, progress=_progress(), debug=args.debug)
+    return _print_optimized(args, result)
+
+
+def _print_optimized(args, result) -> int:
+    """optimize's summary of a hcfuse.pipeline.FileResult; its exit code."""
     if args.debug:
         print(json.dumps(result.fusion.to_dict(), indent=1, default=str), file=sys.stderr)
-    lines = [f"hcfuse optimize: {args.input} -> {args.output}", *_summarize_report(result.fusion),
+    lines = [f"hcfuse optimize: {result.input} -> {result.output}", *_summarize_report(result.fusion),
              *_format_op_counts(result.ops_before, result.ops_after),
              f"  time: fuse {result.time_s['fuse']:.2f} s, total {result.time_s['total']:.2f} s"]
     print("\n".join(lines))
     if not result.fusion.counts_by_rule():
-        print(f"hcfuse: warning: no hyper-connection block was fused in {args.input}", file=sys.stderr)
+        print(f"hcfuse: warning: no hyper-connection block was fused in {result.input}", file=sys.stderr)
     if result.verify is not None:
         print(result.verify.summary())
         if result.verify.status == "unverifiable":
-            print(f"hcfuse: warning: {args.output} was not verified: {result.verify.reason}", file=sys.stderr)
+            print(f"hcfuse: warning: {result.output} was not verified: {result.verify.reason}", file=sys.stderr)
         if result.verify.status == "failed":
-            print(f"hcfuse: error: verification failed: {args.output} differs from {args.input} beyond the "
+            print(f"hcfuse: error: verification failed: {result.output} differs from {result.input} beyond the "
                   "contract's bound", file=sys.stderr)
             return EXIT_VERIFY_FAILED
     return EXIT_OK
 
 
+def _print_unfused(result) -> int:
+    print(f"hcfuse unfuse: {result.input} -> {result.output}: expanded {result.expanded} {_op.OP_TYPE} node(s)")
+    return EXIT_OK
+
+
 def _unfuse(args) -> int:
+    if os.path.isdir(args.input):
+        return _genai_folder(args, unfuse=True)
     from hcfuse.pipeline import unfuse_file
 
-    result = unfuse_file(args.input, args.output, progress=_progress())
-    print(f"hcfuse unfuse: {args.input} -> {args.output}: expanded {result.expanded} {_op.OP_TYPE} node(s)")
-    return EXIT_OK
+    return _print_unfused(unfuse_file(args.input, args.output, progress=_progress()))
+
+
+def _genai_folder(args, unfuse: bool = False) -> int:
+    """An onnxruntime-genai model folder (hcfuse.genai_folder): the decoder through the file pipeline."""
+    from hcfuse import genai_folder
+
+    if unfuse:
+        result = genai_folder.unfuse_folder(args.input, args.output, progress=_progress())
+        code = _print_unfused(result.pipeline)
+    else:
+        result = genai_folder.optimize_folder(args.input, args.output, copy_library=not args.link_library,
+                                              verify=args.verify, report=args.report,
+                                              infer_shapes=args.infer_shapes, progress=_progress(),
+                                              debug=args.debug)
+        code = _print_optimized(args, result.pipeline)
+    print(f"hcfuse: onnxruntime-genai folder {args.input} -> {args.output}: {len(result.copied)} other file(s) "
+          f"copied; {genai_folder.CONFIG_NAME} custom_ops_library: {result.custom_ops_library or '(none)'}")
+    return code
 
 
 def _infer_shapes_cmd(args) -> int:
@@ -106,22 +136,8 @@ def _lib_path(args) -> int:
     return EXIT_OK
 
 
-def _import_models():
-    """models/ lives in the repository, beside the hcfuse package (not installed with it)."""
-    try:
-        from models import qwen_decode
-    except ImportError:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if not os.path.isfile(os.path.join(root, "models", "qwen_decode.py")):
-            raise model_io.ModelIOError("demo needs the repository's models/ package; run it from a clone") from None
-        sys.path.insert(0, root)
-        from models import qwen_decode
-    return qwen_decode
-
-
 def _demo(args) -> int:
-    qwen_decode = _import_models()
-    from hcfuse.reference import DTYPES_BY_NAME
+    from hcfuse.models import qwen_decode
 
     dtype = DTYPES_BY_NAME[args.dtype]
     with tempfile.TemporaryDirectory(prefix="hcfuse-demo-") as tmp:
@@ -166,12 +182,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = add("optimize", _optimize, f"fuse every hyper-connection block into one {_op.OP_TYPE} node",
+    p = add("optimize", _optimize, f"fuse every hyper-connection block into one {_op.OP_TYPE} node "
+            "(INPUT a model file, or an onnxruntime-genai model folder and OUTPUT a folder)",
             epilog=OPTIMIZE_EXAMPLE)
     p.add_argument("--verify", action="store_true", help="run both models in onnxruntime and compare (ulp of T)")
     p.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     p.add_argument("--infer-shapes", action="store_true", help="run symbolic shape inference after fusing")
-    add("unfuse", _unfuse, f"expand every {_op.OP_TYPE} node back into the stock contrib-op chain")
+    p.add_argument("--link-library", action="store_true",
+                   help="INPUT an onnxruntime-genai model folder (OUTPUT a folder): name the installed library by "
+                        "its absolute path in genai_config.json instead of copying it into OUTPUT")
+    add("unfuse", _unfuse, f"expand every {_op.OP_TYPE} node back into the stock contrib-op chain "
+        "(INPUT a model file, or an onnxruntime-genai model folder and OUTPUT a folder)")
     add("infer-shapes", _infer_shapes_cmd, "symbolic shape inference (ONNX Runtime's, with hcfuse's handler)")
     p = add("demo", _demo, "build a small decode model, fuse it, verify it, print the summary", io=False)
     p.add_argument("--blocks", type=_positive, default=4)
@@ -180,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-H", type=_positive, default=64, help="features per branch")
     p.add_argument("-R", type=_positive, default=16, help="gate rank")
     p.add_argument("--out-dir", help="keep the models here (default: a temporary folder)")
-    p.set_defaults(report=None, infer_shapes=False)
+    p.set_defaults(report=None, infer_shapes=False, link_library=False)
     add("lib-path", _lib_path, "print the path of the custom-op library", io=False)
     return parser
 

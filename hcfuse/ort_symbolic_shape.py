@@ -36,7 +36,22 @@ from onnxruntime.tools.symbolic_shape_infer import (
     is_literal,
 )
 
-from hcfuse._op import INPUTS, NUM_REQUIRED_INPUTS, OP_TYPE, OUTPUTS
+from hcfuse._op import (
+    DOWN_WEIGHT,
+    INJECT_WEIGHT,
+    INPUTS,
+    NORM_SCALE,
+    NUM_REQUIRED_INPUTS,
+    OP_TYPE,
+    OUTPUTS,
+    POST_GATE,
+    PRE_OUTPUT,
+    PREV_BLOCK_OUTPUT,
+    PREV_POST_GATE,
+    STREAMS,
+    STREAMS_OUT,
+    UP_WEIGHT,
+)
 from hcfuse.schema import register_schema
 
 __all__ = [
@@ -47,9 +62,6 @@ __all__ = [
     "infer_shapes",
     "register_with_ort",
 ]
-
-_STREAMS, _NORM, _DOWN, _UP, _INJECT, _PREV_OUT, _PREV_GATE = range(len(INPUTS))
-_PRE, _GATE, _STREAMS_OUT = range(len(OUTPUTS))
 
 
 class IncompleteShapeInferenceError(RuntimeError):
@@ -85,10 +97,10 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
     missing = [INPUTS[i] for i in range(NUM_REQUIRED_INPUTS) if not names[i]]
     if missing:
         raise ValueError(f"{where}: required input(s) {', '.join(missing)} missing")
-    if bool(names[_PREV_OUT]) != bool(names[_PREV_GATE]):
+    if bool(names[PREV_BLOCK_OUTPUT]) != bool(names[PREV_POST_GATE]):
         raise ValueError(
             f"{where}: prev_block_output and prev_post_gate come as a pair; got "
-            f"prev_block_output={names[_PREV_OUT]!r}, prev_post_gate={names[_PREV_GATE]!r}"
+            f"prev_block_output={names[PREV_BLOCK_OUTPUT]!r}, prev_post_gate={names[PREV_POST_GATE]!r}"
         )
     present = [i for i, n in enumerate(names) if n]
     elem_types = {i: ssi.known_vi_[names[i]].type.tensor_type.elem_type for i in present if names[i] in ssi.known_vi_}
@@ -96,9 +108,9 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
     if len(known_types) > 1:
         found = ", ".join(f"{INPUTS[i]}={onnx.TensorProto.DataType.Name(t)}" for i, t in elem_types.items() if t)
         raise ValueError(f"{where}: all inputs must share one element type T; got {found}")
-    if ssi._try_get_shape(node, _STREAMS) is None:
+    if ssi._try_get_shape(node, STREAMS) is None:
         return  # rank unknown: nothing to add to what ONNX inferred
-    streams = ssi._get_sympy_shape(node, _STREAMS)
+    streams = ssi._get_sympy_shape(node, STREAMS)
     if not streams:
         raise ValueError(f"{where}: streams must be (..., C*H) with rank >= 1; got a scalar")
     width, leading = streams[-1], streams[:-1]
@@ -109,16 +121,16 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
     shapes = {
         i: ssi._get_sympy_shape(node, i)
         for i in present
-        if i != _STREAMS and ssi._try_get_shape(node, i) is not None
+        if i != STREAMS and ssi._try_get_shape(node, i) is not None
     }
-    r = shapes[_DOWN][1] if len(shapes.get(_DOWN, ())) == 2 else None  # R as down_weight states it
+    r = shapes[DOWN_WEIGHT][1] if len(shapes.get(DOWN_WEIGHT, ())) == 2 else None  # R as down_weight states it
     expected = {  # None: any size
-        _NORM: ("(C*H,)", [width]),
-        _DOWN: ("(C*H, R)", [width, r]),
-        _UP: ("(R, C*H)", [r, width]),
-        _INJECT: ("(C*H, C)", [width, c]),
-        _PREV_OUT: ("(..., H) with streams' leading dims", [*leading, h]),
-        _PREV_GATE: ("(..., C) with streams' leading dims", [*leading, c]),
+        NORM_SCALE: ("(C*H,)", [width]),
+        DOWN_WEIGHT: ("(C*H, R)", [width, r]),
+        UP_WEIGHT: ("(R, C*H)", [r, width]),
+        INJECT_WEIGHT: ("(C*H, C)", [width, c]),
+        PREV_BLOCK_OUTPUT: ("(..., H) with streams' leading dims", [*leading, h]),
+        PREV_POST_GATE: ("(..., C) with streams' leading dims", [*leading, c]),
     }
     for i, got in shapes.items():
         spelled, want = expected[i]
@@ -126,8 +138,8 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
             shown = _fmt(["?" if w is None else w for w in want])
             raise ValueError(f"{where}: {INPUTS[i]} must be {spelled} = {shown}; got {_fmt(got)}")
 
-    elem_type = elem_types.get(_STREAMS) or next(iter(known_types), 0)
-    last = {_PRE: h, _GATE: c, _STREAMS_OUT: width}
+    elem_type = elem_types.get(STREAMS) or next(iter(known_types), 0)
+    last = {PRE_OUTPUT: h, POST_GATE: c, STREAMS_OUT: width}
     for o, name in enumerate(node.output[: len(OUTPUTS)]):
         if not name:
             continue  # omitted optional output

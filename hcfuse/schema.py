@@ -16,14 +16,24 @@ from onnx.shape_inference import InferenceError
 from hcfuse._op import (
     ATTRIBUTES,
     DOMAIN,
+    DOWN_WEIGHT,
     ELEMENT_TYPES,
     FLOAT_ATTRIBUTES,
+    INJECT_WEIGHT,
     INPUTS,
+    NORM_SCALE,
     NUM_REQUIRED_INPUTS,
     NUM_REQUIRED_OUTPUTS,
     OP_TYPE,
     OUTPUTS,
+    POST_GATE,
+    PRE_OUTPUT,
+    PREV_BLOCK_OUTPUT,
+    PREV_POST_GATE,
     SINCE_VERSION,
+    STREAMS,
+    STREAMS_OUT,
+    UP_WEIGHT,
 )
 
 _DOC = f"""
@@ -52,10 +62,6 @@ from the rounded inject, rounded once). Sigmoid is an accurate fp32 sigmoid roun
 Accumulation order is fixed: results are deterministic and row independent.
 Type T: {", ".join(f"tensor({TensorProto.DataType.Name(t).lower()})" for t in ELEMENT_TYPES)}.
 """
-
-# Input positions, from the single source of truth.
-_STREAMS, _NORM, _DOWN, _UP, _INJECT, _PREV_OUT, _PREV_GATE = range(len(INPUTS))
-_PRE, _GATE, _STREAMS_OUT = range(len(OUTPUTS))
 
 _TYPE_STRS = [f"tensor({TensorProto.DataType.Name(t).lower()})" for t in ELEMENT_TYPES]
 
@@ -216,25 +222,25 @@ def _infer(ctx) -> None:
     missing = [INPUTS[i] for i in range(NUM_REQUIRED_INPUTS) if i not in present]
     if missing:
         raise InferenceError(f"{where}: required input(s) {', '.join(missing)} missing")
-    has_prev = [i in present for i in (_PREV_OUT, _PREV_GATE)]
+    has_prev = [i in present for i in (PREV_BLOCK_OUTPUT, PREV_POST_GATE)]
     if has_prev[0] != has_prev[1]:
-        given, missing = (INPUTS[_PREV_OUT], INPUTS[_PREV_GATE])[:: 1 if has_prev[0] else -1]
+        given, missing = (INPUTS[PREV_BLOCK_OUTPUT], INPUTS[PREV_POST_GATE])[:: 1 if has_prev[0] else -1]
         raise InferenceError(f"{where}: {given} is given without {missing}; the prologue inputs come as a pair")
     elem_type = _elem_type(ctx, present, where)
     shapes = {i: _shape_of(ctx.get_input_type(i)) for i in present}
 
     facts = _Facts(where)
     facts.agree("C", c, "num_branches")
-    streams = shapes[_STREAMS]
+    streams = shapes[STREAMS]
     if streams is not None and not streams:
         raise InferenceError(f"{where}: streams must be (..., C*H) with rank >= 1; got a scalar")
     if streams is not None:
         facts.agree("CH", streams[-1], "streams[-1]")
     for i, spelled, keys in (
-        (_NORM, "(C*H,)", ("CH",)),
-        (_DOWN, "(C*H, R)", ("CH", "R")),
-        (_UP, "(R, C*H)", ("R", "CH")),
-        (_INJECT, "(C*H, C)", ("CH", "C")),
+        (NORM_SCALE, "(C*H,)", ("CH",)),
+        (DOWN_WEIGHT, "(C*H, R)", ("CH", "R")),
+        (UP_WEIGHT, "(R, C*H)", ("R", "CH")),
+        (INJECT_WEIGHT, "(C*H, C)", ("CH", "C")),
     ):
         s = shapes.get(i)
         _check_rank(INPUTS[i], s, len(keys), spelled, where)
@@ -247,8 +253,8 @@ def _infer(ctx) -> None:
     if width is not None:
         facts.agree("H", width // c, f"{facts.sizes['CH'][1]} / num_branches")
 
-    lead = [(INPUTS[_STREAMS], streams[:-1] if streams else None)]
-    for i, key in ((_PREV_OUT, "H"), (_PREV_GATE, "C")):
+    lead = [(INPUTS[STREAMS], streams[:-1] if streams else None)]
+    for i, key in ((PREV_BLOCK_OUTPUT, "H"), (PREV_POST_GATE, "C")):
         s = shapes.get(i)
         if s is not None and not s:
             raise InferenceError(f"{where}: {INPUTS[i]} must be (..., {key}) with rank >= 1; got a scalar")
@@ -261,7 +267,7 @@ def _infer(ctx) -> None:
 
     if not elem_type:  # nothing typed yet: an UNDEFINED element type would be an error, so set nothing
         return
-    last = {_PRE: h, _GATE: c, _STREAMS_OUT: width_dim}
+    last = {PRE_OUTPUT: h, POST_GATE: c, STREAMS_OUT: width_dim}
     for o in range(ctx.get_num_outputs()):
         if ctx.has_output(o):
             shape = None if leading is None else [*leading, last[o]]

@@ -18,8 +18,6 @@ import onnx_ir as ir
 
 from hcfuse import _op
 
-_DEFAULT_OPSET = 21
-
 
 def _attributes(node: ir.Node) -> dict[str, float | int]:
     values = _op.attribute_defaults()
@@ -78,7 +76,7 @@ def _expand(node: ir.Node, constants: _Constants, base: str) -> None:
     if streams is None or any(w is None for w in (norm_scale, down_w, up_w, inject_w)):
         raise ValueError(
             f"{_op.OP_TYPE} node {node.name!r}: the first {_op.NUM_REQUIRED_INPUTS} inputs "
-            f"{_op.INPUTS[:_op.NUM_REQUIRED_INPUTS]} are required; got {[v and v.name for v in inputs[:5]]}"
+            f"{_op.INPUTS[:_op.NUM_REQUIRED_INPUTS]} are required; got {[v and v.name for v in inputs[:_op.NUM_REQUIRED_INPUTS]]}"
         )
     if (prev_out is None) != (prev_gate is None):
         raise ValueError(
@@ -141,6 +139,6 @@ def unfuse(model: ir.Model) -> int:
             _expand(node, constants, base)
             count += 1
     if count:
-        model.opset_imports.setdefault("", _DEFAULT_OPSET)
+        model.opset_imports.setdefault("", _op.ONNX_OPSET)
         model.opset_imports.setdefault(_op.DOMAIN, 1)
     return count

@@ -10,7 +10,7 @@ as the stock chain, so a single block differs only where accumulation order or t
 rounding: 1 ulp of a step, a few ulp of the outputs after it (measured on CPU: at most 3 ulp in
 float16, 23 ulp in float32 at the full Qwen size, where the stock MatMul and Sigmoid are themselves
 a few fp32 ulp off). A chain carries those differences through its residual streams from block to
-block, slowly: the exporter-shaped decode graphs of models/ measured 7 ulp at 8 full-size blocks, 8
+block, slowly: the exporter-shaped decode graphs of hcfuse.models measured 7 ulp at 8 full-size blocks, 8
 at 24 and 9-11 at 96 blocks in float16, 28.5 ulp at 8 full-size blocks in float32; on an H200
 (CUDA, rows 1/4/16) 6/13/15 ulp at 96 full-size blocks in bfloat16 and 18/29/38.5 ulp at 8
 full-size blocks in float32 (TF32 off: it keeps only 10 mantissa bits, thousands of ulp). The bounds,
@@ -30,6 +30,9 @@ import onnx
 import onnx_ir as ir
 
 from hcfuse import model_io
+from hcfuse._session import CPU as _CPU
+from hcfuse._session import CUDA as _CUDA
+from hcfuse._session import inference_session
 
 # Largest accepted gap in ulp of T, per element type (float32, float16, bfloat16).
 DEFAULT_MAX_ULP = {ir.DataType.FLOAT: 512.0, ir.DataType.FLOAT16: 32.0, ir.DataType.BFLOAT16: 32.0}
@@ -37,8 +40,6 @@ DEFAULT_MAX_ULP = {ir.DataType.FLOAT: 512.0, ir.DataType.FLOAT16: 32.0, ir.DataT
 DEFAULT_ROWS = 3
 _MANTISSA_BITS = {ir.DataType.FLOAT: 23, ir.DataType.FLOAT16: 10, ir.DataType.BFLOAT16: 7}
 _MIN_EXPONENT = {ir.DataType.FLOAT: -126, ir.DataType.FLOAT16: -14, ir.DataType.BFLOAT16: -126}
-_CUDA = "CUDAExecutionProvider"
-_CPU = "CPUExecutionProvider"
 
 
 @dataclasses.dataclass
@@ -88,25 +89,32 @@ class VerifyError(ValueError):
     """onnxruntime could not load or run one of the two models; the message says which and why."""
 
 
-def ulp_gap(original: np.ndarray, optimized: np.ndarray, dtype: ir.DataType) -> float:
-    """Largest difference in ulp of dtype at max(|a|, |b|, RMS(original)) (see the module doc)."""
-    a = original.astype(np.float64)
-    b = optimized.astype(np.float64)
-    if a.size == 0:
-        return 0.0
+def scaled_ulp(original: np.ndarray, optimized: np.ndarray, dtype: ir.DataType | None = None) -> np.ndarray:
+    """Per element, |original - optimized| in ulp of dtype at max(|a|, |b|, RMS(original)) (see the
+    module doc); inf where a NaN or Inf appears in one array only (or Infs of opposite sign), 0 where
+    both hold the same one. dtype defaults to original's element type."""
+    if dtype is None:
+        dtype = ir.DataType.from_numpy(np.asarray(original).dtype)
+    a = np.asarray(original).astype(np.float64)
+    b = np.asarray(optimized).astype(np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"scaled_ulp: shapes differ: original {a.shape}, optimized {b.shape}")
     special = ~(np.isfinite(a) & np.isfinite(b))
     same = (np.isnan(a) & np.isnan(b)) | (a == b)
-    if np.any(special & ~same):  # NaN or Inf in one model only, or Infs of opposite sign
-        return float("inf")
-    a, b = a[~special], b[~special]
-    if a.size == 0:
-        return 0.0
-    rms = np.sqrt(np.mean(a * a))
-    magnitude = np.maximum(np.maximum(np.abs(a), np.abs(b)), rms)
-    exponent = np.maximum(np.floor(np.log2(np.maximum(magnitude, np.finfo(np.float64).tiny))),
-                          _MIN_EXPONENT[dtype])
-    ulp = np.exp2(exponent - _MANTISSA_BITS[dtype])
-    return float(np.max(np.abs(a - b) / ulp))
+    finite = a[~special]
+    rms = np.sqrt(np.mean(finite * finite)) if finite.size else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        magnitude = np.maximum(np.maximum(np.abs(a), np.abs(b)), rms)
+        exponent = np.maximum(np.floor(np.log2(np.maximum(magnitude, np.finfo(np.float64).tiny))),
+                              _MIN_EXPONENT[dtype])
+        gap = np.abs(a - b) / np.exp2(exponent - _MANTISSA_BITS[dtype])
+    return np.where(special, np.where(same, 0.0, np.inf), gap)
+
+
+def ulp_gap(original: np.ndarray, optimized: np.ndarray, dtype: ir.DataType) -> float:
+    """Largest scaled_ulp of the two arrays: the gap verify compares with its bound."""
+    gaps = scaled_ulp(original, optimized, dtype)
+    return float(gaps.max()) if gaps.size else 0.0
 
 
 def _available_providers(providers: list[str] | None) -> list[str]:
@@ -155,16 +163,10 @@ def _uses_bfloat16(model: ir.Model) -> bool:
 
 
 def _session(path: str, provider: str, library: str):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.register_custom_ops_library(library)
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4  # fatal only: a failure reaches the caller as one VerifyError line
-    if provider == _CUDA:
-        # float32 MatMul on TF32 tensor cores keeps 10 mantissa bits: the contract accumulates in fp32
-        return ort.InferenceSession(path, options, providers=[(provider, {"use_tf32": "0"})])
-    return ort.InferenceSession(path, options, providers=[provider])
+    # fatal only: a failure reaches the caller as one VerifyError line
+    # float32 MatMul on TF32 tensor cores keeps 10 mantissa bits: the contract accumulates in fp32
+    providers = [(provider, {"use_tf32": "0"})] if provider == _CUDA else [provider]
+    return inference_session(path, providers, library=library, log_severity=4)
 
 
 def _as_path(model, directory: str, name: str) -> str:

@@ -8,11 +8,11 @@ the mismatching cells, so a failing parametrized case says where it broke.
 from __future__ import annotations
 
 import numpy as np
-
 import onnxruntime as ort
 
 # onnxruntime binding that handles bfloat16, shared with hcfuse.verification
 from hcfuse._ort_io import BFLOAT16, from_ort_value, run_bound, to_ort_value  # noqa: F401
+from hcfuse._session import inference_session
 
 _INT_OF = {np.dtype(np.float32): np.int32, np.dtype(np.float16): np.int16, BFLOAT16: np.int16}
 UINT_OF = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16, BFLOAT16: np.uint16}
@@ -89,11 +89,7 @@ def assert_ulp_close(actual: np.ndarray, expected: np.ndarray, max_ulps: int, wh
 def cpu_session(model, library: str | None = None) -> ort.InferenceSession:
     """model (a ModelProto) on onnxruntime's CPU provider with graph optimizations off, so it runs exactly
     the nodes built; hcfuse's library registered when given."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if library:
-        so.register_custom_ops_library(library)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return inference_session(model, library=library)
 
 
 def run_stock(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

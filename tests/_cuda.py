@@ -1,5 +1,6 @@
 """Helpers for the CUDA kernel tests: device capability, sessions with a pinned path, reading device
-outputs back (bfloat16 included), fused chains, and the ulp measure the CUDA tests assert."""
+outputs back (bfloat16 included) and fused chains. The ulp measure the CUDA tests assert is
+hcfuse.verification.scaled_ulp."""
 
 from __future__ import annotations
 
@@ -9,11 +10,21 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from hcfuse._op import DOMAIN, INPUTS, OP_TYPE, OUTPUTS
-from models.hc_block import IR_VERSION, OPSET, WEIGHT_NAMES
+from hcfuse._op import (
+    DOMAIN,
+    INPUTS,
+    IR_VERSION,
+    ONNX_OPSET,
+    OP_TYPE,
+    OUTPUTS,
+    POST_GATE,
+    PRE_OUTPUT,
+    STREAMS,
+    STREAMS_OUT,
+    WEIGHT_INPUTS,
+)
+from hcfuse._session import CUDA, inference_session
 from tests._compare import UINT_OF
-
-CUDA = "CUDAExecutionProvider"
 
 
 def compute_capability() -> tuple[int, int]:
@@ -41,11 +52,8 @@ def cuda_session(model, library: str, force_path: str | None, monkeypatch, **cud
         monkeypatch.delenv("HCFUSE_FORCE_PATH", raising=False)
     else:
         monkeypatch.setenv("HCFUSE_FORCE_PATH", force_path)
-    so = ort.SessionOptions()
-    so.register_custom_ops_library(library)
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        return ort.InferenceSession(model.SerializeToString(), so, providers=[(CUDA, cuda_options)])
+        return inference_session(model, [(CUDA, cuda_options)], library=library)
     finally:
         monkeypatch.delenv("HCFUSE_FORCE_PATH", raising=False)
 
@@ -80,41 +88,21 @@ def fused_chain_model(weight_sets: list[dict[str, np.ndarray]], num_blocks: int,
     the last block's pre_output, post_gate and streams_out under SPEC's names."""
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     inits = [numpy_helper.from_array(np.asarray(w[n]).astype(dtype), f"w{j}_{n}")
-             for j, w in enumerate(weight_sets) for n in WEIGHT_NAMES]
+             for j, w in enumerate(weight_sets) for n in WEIGHT_INPUTS]
     nodes, prev = [], None
     for k in range(num_blocks):
-        weights = [f"w{k % len(weight_sets)}_{n}" for n in WEIGHT_NAMES]
+        weights = [f"w{k % len(weight_sets)}_{n}" for n in WEIGHT_INPUTS]
         last = k == num_blocks - 1
         outs = list(OUTPUTS) if last else [f"{n}_{k}" for n in OUTPUTS]
-        ins = [INPUTS[0], *weights] if prev is None else [prev[2], *weights, prev[0], prev[1]]
+        if prev is None:
+            ins = [INPUTS[STREAMS], *weights]
+        else:  # streams, weights, prev_block_output, prev_post_gate from the block before
+            ins = [prev[STREAMS_OUT], *weights, prev[PRE_OUTPUT], prev[POST_GATE]]
         nodes.append(helper.make_node(OP_TYPE, ins, outs, domain=DOMAIN, name=f"block_{k}", num_branches=C, **attrs))
         prev = outs
     widths = {"pre_output": H, "post_gate": C, "streams_out": C * H}
     graph = helper.make_graph(
-        nodes, "hc_fused_chain", [helper.make_tensor_value_info(INPUTS[0], elem, ["rows", C * H])],
+        nodes, "hc_fused_chain", [helper.make_tensor_value_info(INPUTS[STREAMS], elem, ["rows", C * H])],
         [helper.make_tensor_value_info(n, elem, ["rows", widths[n]]) for n in OUTPUTS], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid(DOMAIN, 1)],
                              ir_version=IR_VERSION)
-
-
-def spacing(x: np.ndarray, dtype) -> np.ndarray:
-    """The gap above |x| in dtype (one ulp there), as fp32."""
-    dtype = np.dtype(dtype)
-    a = np.abs(np.asarray(x, dtype=np.float32)).astype(dtype)
-    above = (a.view(UINT_OF[dtype]) + 1).view(dtype)
-    return above.astype(np.float32) - a.astype(np.float32)
-
-
-def scaled_ulp(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """|actual - expected| in ulps of T at max(|expected|, rms(expected)).
-
-    Plain ulp distance explodes where a sum of branches cancels to near zero (an fp32 order difference
-    of 1e-7 of the terms is then thousands of ulps of the tiny result); measuring at the array's rms
-    keeps the bound meaningful everywhere and equals the plain distance wherever |expected| >= rms."""
-    e = np.asarray(expected).astype(np.float32)
-    a = np.asarray(actual).astype(np.float32)
-    if e.size == 0:
-        return np.zeros(e.shape, dtype=np.float32)
-    rms = np.float32(np.sqrt(np.mean(np.square(e, dtype=np.float64))))
-    unit = np.maximum(spacing(e, expected.dtype), spacing(np.full_like(e, rms), expected.dtype))
-    return np.abs(a - e) / unit

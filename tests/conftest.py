@@ -1,17 +1,42 @@
-"""Shared fixtures: schema registration, the built custom-op library, providers, a seeded rng."""
+"""Shared fixtures: schema registration, the built custom-op library, providers, a seeded rng.
+
+HCFUSE_TEST_INSTALLED_IN=PREFIX makes the run fail unless the hcfuse under test lives below PREFIX
+(CI runs the suite against the installed wheel, not a source tree on the path).
+"""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
-CUDA_PROVIDER = "CUDAExecutionProvider"
-CPU_PROVIDER = "CPUExecutionProvider"
+from hcfuse._session import CPU as CPU_PROVIDER
+from hcfuse._session import CUDA as CUDA_PROVIDER
+from hcfuse._session import inference_session
 
 
 def cuda_available() -> bool:
     return CUDA_PROVIDER in ort.get_available_providers()
+
+
+def pytest_report_header(config):
+    import hcfuse
+
+    return f"hcfuse {hcfuse.__version__} from {os.path.dirname(hcfuse.__file__)}"
+
+
+def pytest_configure(config):
+    # registered here, not in pyproject.toml: the suite also runs from a copy of tests/ without it
+    config.addinivalue_line("markers", "cuda: needs a CUDA device and onnxruntime-gpu (skipped elsewhere)")
+    prefix = os.environ.get("HCFUSE_TEST_INSTALLED_IN")
+    if prefix:
+        import hcfuse
+
+        where = os.path.realpath(hcfuse.__file__)
+        if not where.startswith(os.path.realpath(prefix) + os.sep):
+            raise pytest.UsageError(f"HCFUSE_TEST_INSTALLED_IN={prefix}: the tests would import hcfuse from {where}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -63,12 +88,7 @@ def make_session(hcfuse_lib):
     library registered and graph optimizations off (it runs exactly the nodes the test built)."""
 
     def make(model, provider: str = CPU_PROVIDER, intra_op_threads: int = 0, **session_config) -> ort.InferenceSession:
-        so = ort.SessionOptions()
-        so.register_custom_ops_library(hcfuse_lib)
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.intra_op_num_threads = intra_op_threads  # 0: ORT's default
-        for key, value in session_config.items():
-            so.add_session_config_entry(key, value)
-        return ort.InferenceSession(model.SerializeToString(), so, providers=[provider])
+        return inference_session(model, [provider], library=hcfuse_lib, intra_op_threads=intra_op_threads,
+                                 config=session_config)
 
     return make

@@ -18,10 +18,11 @@ import pytest
 import hcfuse
 from hcfuse import _op, model_io, verification
 from hcfuse.cli import EXIT_ERROR, EXIT_OK, EXIT_VERIFY_FAILED, main
-from models.qwen_decode import make_decode_model, save_decode_model
+from hcfuse.models.qwen_decode import make_decode_model, save_decode_model
 
 C, H, R = 4, 16, 8
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the folder holding the hcfuse these tests import (a source tree or site-packages)
+HCFUSE_HOME = os.path.dirname(os.path.dirname(os.path.abspath(hcfuse.__file__)))
 
 
 def small(num_blocks=3, **options) -> onnx.ModelProto:
@@ -357,7 +358,7 @@ def test_cli_lib_path(capsys):
 
 
 def test_python_m_hcfuse_subprocess(model_file, tmp_path):
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": HCFUSE_HOME + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out_path = str(tmp_path / "o.onnx")
     proc = subprocess.run([sys.executable, "-m", "hcfuse", "optimize", model_file, "-o", out_path],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
@@ -413,7 +414,7 @@ def test_cli_summary_names_rejected_blocks(tmp_path, capsys):
 def test_verify_fused_node_with_weights_as_inputs(hcfuse_lib):
     """Random weights fed as inputs are scaled like real ones (1/sqrt(rows)): the library's op against
     its unfused chain."""
-    from models.hc_block import make_fused_node_model
+    from hcfuse.models.hc_block import make_fused_node_model
 
     fused = make_fused_node_model(C=C, H=H, R=R, dtype=np.float16, prologue=True, streams_out=True,
                                   gate_div=4.0, gate_mul=2.0, silu_alpha=0.25, reduction_scale=0.25)

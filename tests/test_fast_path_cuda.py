@@ -21,8 +21,8 @@ import onnxruntime as ort
 import pytest
 
 from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from hcfuse.reference import hc_lowrank_mix_steps
-from models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import assert_bitwise_equal, assert_ulp_close, run_bound, to_ort_value
 from tests._cuda import compute_capability, cuda_session, device_to_host, fused_chain_model
 

@@ -23,7 +23,7 @@ import pytest
 
 from hcfuse import model_io, temporaries
 from hcfuse.cli import EXIT_OK, main
-from models.qwen_decode import save_decode_model
+from hcfuse.models.qwen_decode import save_decode_model
 
 C, H, R = 4, 16, 8
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 import hcfuse
 from hcfuse import _ort_io, verification
 from hcfuse.cli import EXIT_ERROR, EXIT_OK, main
-from models.qwen_decode import save_decode_model
+from hcfuse.models.qwen_decode import save_decode_model
 
 C, H, R = 4, 16, 8
 

@@ -13,7 +13,7 @@ import pytest
 import hcfuse
 from hcfuse import model_io
 from hcfuse.cli import EXIT_ERROR, main
-from models.qwen_decode import make_decode_model
+from hcfuse.models.qwen_decode import make_decode_model
 
 C, H, R = 4, 16, 8
 

@@ -14,9 +14,9 @@ import onnx_ir as ir
 import pytest
 
 from hcfuse import _op
+from hcfuse.models.qwen_decode import make_decode_model, save_decode_model
 from hcfuse.reference import hc_lowrank_mix
 from hcfuse.rewrite import fuse_with_report
-from models.qwen_decode import make_decode_model, save_decode_model
 from tests._compare import assert_ulp_close, cpu_session, run_bound
 
 C, H, R = 4, 16, 8

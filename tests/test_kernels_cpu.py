@@ -14,7 +14,7 @@ import pytest
 
 from hcfuse import reference
 from hcfuse._op import OUTPUTS, QWEN_ATTRIBUTES, QWEN_SHAPE
-from models.hc_block import make_fused_node_model, random_activations, random_weights
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import BFLOAT16, assert_bitwise_equal, assert_ulp_close, run_bound
 
 DTYPES = [np.float32, np.float16, BFLOAT16]

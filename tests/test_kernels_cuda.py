@@ -6,8 +6,8 @@ with HCFUSE_FORCE_PATH when the session is created. A call the fast path does no
 shapes outside hc_fast_path_eligibility.h) is skipped on "fast" - except the real shape in float16
 and bfloat16, which the fast path must run.
 
-Stated bounds against hcfuse.reference, in ulps of T measured at max(|expected|, rms(expected))
-(tests/_cuda.scaled_ulp; the rms floor keeps near-zero sums, where the branches cancel, from turning
+Stated bounds against hcfuse.reference, in ulps of T measured at max(|expected|, |actual|, rms(expected))
+(hcfuse.verification.scaled_ulp, the measure `hcfuse optimize --verify` uses; the rms floor keeps near-zero sums, where the branches cancel, from turning
 an fp32 order difference into thousands of ulps):
   streams_out: bitwise (S is one multiply and one add, rounded once, as in the reference).
   pre_output, post_gate: float32 64, float16 4, bfloat16 2.
@@ -31,10 +31,11 @@ import pytest
 
 import hcfuse
 from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from hcfuse.reference import hc_lowrank_mix, hc_lowrank_mix_steps
-from models.hc_block import make_fused_node_model, random_activations, random_weights
+from hcfuse.verification import scaled_ulp
 from tests._compare import assert_bitwise_equal, max_ulp, run_bound, to_ort_value, ulp_distance
-from tests._cuda import compute_capability, cuda_session, device_to_host, fused_chain_model, scaled_ulp
+from tests._cuda import compute_capability, cuda_session, device_to_host, fused_chain_model
 
 pytestmark = pytest.mark.cuda
 
@@ -98,7 +99,7 @@ def _check(got, ref, dtype, what, key, rows=None):
         if name == "streams_out":
             assert_bitwise_equal(actual, expected, f"{what} {name}")
             continue
-        scaled = scaled_ulp(actual, expected)
+        scaled = scaled_ulp(expected, actual)
         worst = float(scaled.max()) if scaled.size else 0.0
         raw = max_ulp(actual, expected)
         _record(f"{key} {name}", raw, worst)
@@ -215,7 +216,7 @@ def test_two_chained_blocks(hcfuse_lib, monkeypatch, rng, dtype, path):
     got = _run(model, {"streams": streams}, path, hcfuse_lib, monkeypatch, fast_must_run=dtype.itemsize == 2)
     ref = _reference_chain(streams, weight_sets, 2, QWEN["C"], **QWEN_ATTRS)
     for name in OUTPUT_NAMES:
-        scaled = scaled_ulp(got[name], ref[name])
+        scaled = scaled_ulp(ref[name], got[name])
         _record(f"two-blocks {dtype.name} {path} {name}", max_ulp(got[name], ref[name]), scaled.max())
         assert scaled.max() <= 4 * BOUND[dtype], f"two blocks {name} path={path}: {scaled.max():.3g} scaled ulps"
 
@@ -336,7 +337,7 @@ def test_one_block_bf16_differs_from_stock_only_at_sigmoid_sites(hcfuse_lib, mon
     misses = {}
     for stock_silu in (False, True):
         model = _stock_model_reference(feeds, weights, QWEN["C"], stock_silu, **QWEN_ATTRS)
-        misses[stock_silu] = max(float(scaled_ulp(got_stock[n], model[n]).max()) for n in ("pre_output", "post_gate"))
+        misses[stock_silu] = max(float(scaled_ulp(model[n], got_stock[n]).max()) for n in ("pre_output", "post_gate"))
     differ = float(np.mean(got_stock["pre_output"].view(np.uint16) != contract["pre_output"].view(np.uint16)))
     _STATS["one-block bf16 stock chain"] = {
         "pre_output cells differing from the contract": round(differ, 4),

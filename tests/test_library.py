@@ -13,8 +13,8 @@ from onnx import helper
 
 import hcfuse
 from hcfuse import reference
-from hcfuse._op import BRANCH_NORM, DOMAIN, INPUTS, OP_TYPE
-from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights
+from hcfuse._op import BRANCH_NORM, DOMAIN, INPUTS, IR_VERSION, ONNX_OPSET, OP_TYPE
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import BFLOAT16, assert_bitwise_equal, run_bound
 
 C, H, R, ROWS = 2, 5, 3, 4
@@ -217,4 +217,4 @@ def test_missing_required_input(make_session, rng):
 def test_model_helper_ir_and_opsets():
     model = make_fused_node_model(C=C, H=H, R=R, dtype=np.float16)
     assert model.ir_version == IR_VERSION
-    assert {(o.domain, o.version) for o in model.opset_import} == {("", OPSET), (DOMAIN, 1)}
+    assert {(o.domain, o.version) for o in model.opset_import} == {("", ONNX_OPSET), (DOMAIN, 1)}

@@ -21,7 +21,7 @@ import hcfuse
 from hcfuse import _op, model_io, pipeline
 from hcfuse.cli import main
 from hcfuse.progress import Progress, StageLines, TerminalProgress
-from models.qwen_decode import save_decode_model
+from hcfuse.models.qwen_decode import save_decode_model
 
 C, H, R = 4, 16, 8
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

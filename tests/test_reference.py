@@ -43,10 +43,21 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from hcfuse import reference
-from hcfuse._op import ATTRIBUTES, BRANCH_NORM, DOMAIN, OUTPUTS, POST_MIX, PRE_MIX, QWEN_ATTRIBUTES, SCALED_SILU
-from models.hc_block import IR_VERSION, OPSET, make_fused_node_model, random_activations, random_weights, weight_shapes
-from tests.oprun import CONTRIB_OPS
+from hcfuse._op import (
+    ATTRIBUTES,
+    BRANCH_NORM,
+    DOMAIN,
+    IR_VERSION,
+    ONNX_OPSET,
+    OUTPUTS,
+    POST_MIX,
+    PRE_MIX,
+    QWEN_ATTRIBUTES,
+    SCALED_SILU,
+)
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights, weight_shapes
 from tests._compare import BFLOAT16, assert_bitwise_equal, cpu_session, max_ulp, run_bound, run_stock
+from tests.oprun import CONTRIB_OPS
 
 # MLAS's logistic (ORT's CPU Sigmoid and ScaledSiLU's sigmoid): absolute error below 2^-22
 # (measured max 1.79e-7 over [-88, 20])
@@ -101,7 +112,7 @@ def make_stock_chain(*, C, H, R, dtype, prologue, epsilon=1e-5, reduction_scale=
         outputs.append(helper.make_tensor_value_info("streams_out", elem, [*lead, C * H]))
     outputs += [helper.make_tensor_value_info(n, elem, None) for n in expose]
     graph = helper.make_graph(nodes, "hc_stock_chain", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid(DOMAIN, 1)],
                              ir_version=IR_VERSION)
 
 
@@ -116,7 +127,7 @@ def make_node_model(op_type: str, inputs: dict[str, np.ndarray], domain: str = "
         [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
          for k, v in inputs.items()],
         [helper.make_tensor_value_info("y", elem, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid(DOMAIN, 1)],
                              ir_version=IR_VERSION)
 
 

@@ -7,7 +7,18 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.shape_inference import InferenceError
 
-from hcfuse._op import DOMAIN, INPUTS, NUM_REQUIRED_INPUTS, OP_TYPE, OUTPUTS, SINCE_VERSION, attribute_defaults
+from hcfuse._op import (
+    DOMAIN,
+    INPUTS,
+    NUM_REQUIRED_INPUTS,
+    OP_TYPE,
+    OUTPUTS,
+    PREV_BLOCK_OUTPUT,
+    PREV_POST_GATE,
+    SINCE_VERSION,
+    STREAMS,
+    attribute_defaults,
+)
 from hcfuse.schema import deregister_schema, make_schema, register_schema
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
@@ -223,11 +234,11 @@ def _model(elem=F32, prologue=True, streams=("batch", "seq", W)) -> onnx.ModelPr
     lead = list(streams[:-1])
     inputs = [helper.make_tensor_value_info("x", elem, list(streams))]
     if prologue:
-        inputs += [helper.make_tensor_value_info(INPUTS[5], elem, [*lead, H]),
-                   helper.make_tensor_value_info(INPUTS[6], elem, [*lead, C])]  # fmt: skip
+        inputs += [helper.make_tensor_value_info(INPUTS[PREV_BLOCK_OUTPUT], elem, [*lead, H]),
+                   helper.make_tensor_value_info(INPUTS[PREV_POST_GATE], elem, [*lead, C])]  # fmt: skip
     inits = [helper.make_tensor(n, elem, s, [0.0] * (s[0] * (s[1] if len(s) > 1 else 1))) for n, s in WEIGHTS.items()]
     nodes = [
-        helper.make_node("Relu", ["x"], [INPUTS[0]]),
+        helper.make_node("Relu", ["x"], [INPUTS[STREAMS]]),
         helper.make_node(OP_TYPE, list(INPUTS[: 7 if prologue else 5]), list(OUTPUTS), domain=DOMAIN,
                          num_branches=C, epsilon=1e-6, gate_div=4.0),
         helper.make_node("Identity", [OUTPUTS[0]], ["y"]),
@@ -257,7 +268,7 @@ def test_inference_knows_the_op_only_after_registration():
 def test_element_type_from_weights_when_streams_is_untyped():
     register_schema()
     model = _model(F16, prologue=False)
-    model.graph.node[0].CopyFrom(helper.make_node("Opaque", ["x"], [INPUTS[0]], domain="example.opaque"))
+    model.graph.node[0].CopyFrom(helper.make_node("Opaque", ["x"], [INPUTS[STREAMS]], domain="example.opaque"))
     model.opset_import.append(helper.make_opsetid("example.opaque", 1))
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     types = {v.name: v.type.tensor_type for v in [*inferred.graph.value_info, *inferred.graph.output]}

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
 import hcfuse
-from hcfuse._op import BRANCH_NORM, DOMAIN, INPUTS, OP_TYPE, POST_MIX, PRE_MIX, SCALED_SILU
+from hcfuse._op import BRANCH_NORM, DOMAIN, OP_TYPE, POST_MIX, PRE_MIX, PREV_POST_GATE, SCALED_SILU, WEIGHT_INPUTS
 from hcfuse.ort_symbolic_shape import (
     HcSymbolicShapeInference,
     IncompleteShapeInferenceError,
@@ -21,7 +21,6 @@ from hcfuse.schema import deregister_schema, register_schema
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 DTYPES = pytest.mark.parametrize("elem", [F32, F16, BF16], ids=["float", "float16", "bfloat16"])
-WEIGHT_INPUTS = INPUTS[1:5]
 # onnxruntime 1.32 ships a handler (and a schema) for the op; 1.31 does not
 ORT_SHIPS_HANDLER = hasattr(SymbolicShapeInference, f"_infer_{OP_TYPE}")
 OPAQUE = "example.opaque"  # a domain nobody knows: its ops get no inference at all
@@ -234,7 +233,7 @@ def _break(model: onnx.ModelProto, case: str) -> onnx.ModelProto:
     elif case == "inject_weight":
         model.graph.initializer[3].CopyFrom(helper.make_tensor("inject_weight", F32, [16, 3], [0.0] * 48))
     elif case == "half_prologue":
-        node.input[6] = ""
+        node.input[PREV_POST_GATE] = ""
     elif case == "missing_streams":
         node.input[0] = ""
     elif case == "prev_leading":

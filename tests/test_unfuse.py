@@ -13,10 +13,10 @@ import pytest
 
 import hcfuse
 from hcfuse import _op, reference
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
+from hcfuse.models.qwen_decode import make_decode_model
 from hcfuse.unfusion import unfuse as unfuse_in_place
 from hcfuse.verification import DEFAULT_MAX_ULP, ulp_gap
-from models.hc_block import make_fused_node_model, random_activations, random_weights
-from models.qwen_decode import make_decode_model
 from tests._compare import run_stock
 
 C, H, R = 4, 16, 8
@@ -135,7 +135,7 @@ def test_missing_num_branches_names_the_node(rng):
 
 def test_unknown_element_type_names_the_node():
     streams = ir.Value(name="streams")
-    weights = [ir.Value(name=n) for n in _op.INPUTS[1:5]]
+    weights = [ir.Value(name=n) for n in _op.WEIGHT_INPUTS]
     node = ir.Node(_op.DOMAIN, _op.OP_TYPE, [streams, *weights], [ir.AttrInt64("num_branches", C)],
                    num_outputs=2, name="fused0")
     graph = ir.Graph([streams, *weights], node.outputs, nodes=[node], opset_imports={"": 21, _op.DOMAIN: 1})

@@ -11,11 +11,17 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from hcfuse._op import ATTRIBUTES, DOMAIN, INPUTS, NUM_REQUIRED_INPUTS, OP_TYPE, OUTPUTS
-
-WEIGHT_NAMES = INPUTS[1:NUM_REQUIRED_INPUTS]  # norm_scale, down_weight, up_weight, inject_weight
-IR_VERSION = 10
-OPSET = 21
+from hcfuse._op import (
+    ATTRIBUTES,
+    DOMAIN,
+    INPUTS,
+    IR_VERSION,
+    NUM_REQUIRED_INPUTS,
+    ONNX_OPSET,
+    OP_TYPE,
+    OUTPUTS,
+    WEIGHT_INPUTS,
+)
 
 
 def weight_shapes(C: int, H: int, R: int) -> dict[str, tuple[int, ...]]:
@@ -87,7 +93,7 @@ def make_fused_node_model(
     else:
         if weights is None:
             raise ValueError(f"{OP_TYPE}: weights_as_inputs=False needs weights= (e.g. random_weights(...))")
-        initializers = [numpy_helper.from_array(np.asarray(weights[n]).astype(dtype), n) for n in WEIGHT_NAMES]
+        initializers = [numpy_helper.from_array(np.asarray(weights[n]).astype(dtype), n) for n in WEIGHT_INPUTS]
     if prologue:
         graph_inputs += [helper.make_tensor_value_info(n, elem, act_shapes[n])
                          for n in ("prev_block_output", "prev_post_gate")]
@@ -99,15 +105,12 @@ def make_fused_node_model(
     graph = helper.make_graph([node], "hc_fused_node", graph_inputs, graph_outputs, initializers)
     return helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+        opset_imports=[helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid(DOMAIN, 1)],
         ir_version=IR_VERSION,
     )
 
 
 __all__ = [
-    "IR_VERSION",
-    "OPSET",
-    "WEIGHT_NAMES",
     "make_fused_node_model",
     "random_activations",
     "random_weights",

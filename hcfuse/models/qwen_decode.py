@@ -35,8 +35,6 @@ import onnx_ir as ir
 from hcfuse import _op
 from hcfuse.reference import SUPPORTED_DTYPES
 
-OPSET = 21
-IR_VERSION = 10
 _Q = _op.QWEN_CONFIG  # the defaults below: Qwen3.8-Flash-Next's block
 
 
@@ -254,9 +252,9 @@ def build_decode_model(num_blocks: int, **options) -> ir.Model:
     out.name = "hidden_states"
     graph = ir.Graph(
         [embeds, *b.weight_inputs], [out], nodes=b.nodes, initializers=b.initializers,
-        opset_imports={"": OPSET, _op.DOMAIN: 1}, name="qwen_decode_hyper_connections",
+        opset_imports={"": _op.ONNX_OPSET, _op.DOMAIN: 1}, name="qwen_decode_hyper_connections",
     )
-    return ir.Model(graph, ir_version=IR_VERSION, producer_name="hcfuse.models")
+    return ir.Model(graph, ir_version=_op.IR_VERSION, producer_name="hcfuse.models")
 
 
 def make_decode_model(
