@@ -119,12 +119,13 @@ class BlockCheck:
                          "MatMuls act on each branch's H features, which is not the fused op's (C*H) product")
         pre_C = self.attr("pre_C", "pre", "num_branches", None)
         if pre_C != C:
-            raise Reject(f"num_branches differs: BranchwiseRMSNorm {C}, HyperConnectionPreMix {pre_C}")
+            raise Reject(f"num_branches differs: BranchwiseRMSNorm {C}, HyperConnectionPreMix {pre_C} "
+                         f"(at {_node_name(self.b['pre'].producer())})")
         if self.v.has_prologue:
             post_C = self.attr("post_C", "s", "num_branches", None)
             if post_C != C:
-                raise Reject(f"num_branches differs: BranchwiseRMSNorm {C}, HyperConnectionPostMix {post_C}",
-                             prologue_only=True)
+                raise Reject(f"num_branches differs: BranchwiseRMSNorm {C}, HyperConnectionPostMix {post_C} "
+                             f"(at {_node_name(self.b['s'].producer())})", prologue_only=True)
         return C
 
     def consumers(self) -> None:
@@ -176,7 +177,8 @@ class BlockCheck:
             raise Reject(f"Split sizes ({describe(sizes_value)}) are not a constant")
         sizes = [int(v) for v in sizes.numpy().reshape(-1)]
         if len(sizes) != 2 or sizes[1] != C:
-            raise Reject(f"Split sizes must be [R, {C}] (down, inject); got {sizes}")
+            raise Reject(f"Split sizes must be [R, {C}] (down, inject); got {sizes} "
+                         f"(at {_node_name(self.b['down'].producer())})")
         CH, width = self._matrix("packed_weight")
         R = sizes[0]
         if width != R + C:
@@ -189,7 +191,8 @@ class BlockCheck:
         axis = self.attr("split_axis", "down", "axis", 0)
         rank = len(self.facts.dims(self.b["down"].producer().inputs[0]) or ())
         if axis != -1 and not (rank and axis == rank - 1):
-            raise Reject(f"Split must cut the last axis (axis=-1); got axis={axis}")
+            raise Reject(f"Split must cut the last axis (axis=-1); got axis={axis} "
+                         f"(at {_node_name(self.b['down'].producer())})")
         return CH, R
 
     def element_type(self) -> ir.DataType:
