@@ -51,6 +51,7 @@ def test_exported_rules_in_onnxscript_rewrite(hcfuse_lib):
     assert isinstance(fused, onnx.ModelProto)
     ops = _ops(ir.from_proto(fused))
     assert ops[_op.OP_TYPE] == 4 and not CHAIN_OPS & set(ops)
+    assert not any(i.name.endswith("down_block_inject.MatMul.weight") for i in fused.graph.initializer)  # packed: gone
     _assert_same_outputs(original, fused, hcfuse_lib)
     # the same rule objects on another model: the same result (nothing kept from the first call)
     again = rewriter.rewrite(_proto(), pattern_rewrite_rules=hc_lowrank_mix_rules)

@@ -53,18 +53,28 @@ class NameScope:
         return name
 
 
-def _derived(op, graph: ir.Graph, names: NameScope, key: tuple, base: str, dtype: ir.DataType,
-             shape: tuple, make) -> ir.Value:
-    for value in graph.initializers.values():
-        if value.meta.get(_KEY) == key:
-            return value
-    name = names.fresh(base)
-    value = op.initializer(ir.LazyTensor(lambda: make(name), dtype=dtype, shape=ir.Shape(shape), name=name), name)
-    value.meta[_KEY] = key
-    return value
+class DerivedWeights:
+    """The derived initializers of one call, found by key: those already in a graph (indexed once per
+    graph, so a later call, or a later match with the stateless rules, reuses them) and new ones."""
+
+    def __init__(self, model: ir.Model):
+        self.names = NameScope(model)
+        self._index: dict[ir.Graph, dict[tuple, ir.Value]] = {}
+
+    def get(self, op, graph: ir.Graph, key: tuple, base: str, dtype: ir.DataType, shape: tuple, make) -> ir.Value:
+        index = self._index.get(graph)
+        if index is None:
+            index = self._index[graph] = {v.meta[_KEY]: v for v in graph.initializers.values() if _KEY in v.meta}
+        value = index.get(key)
+        if value is None:
+            name = self.names.fresh(base)
+            tensor = ir.LazyTensor(lambda: make(name), dtype=dtype, shape=ir.Shape(shape), name=name)
+            value = index[key] = op.initializer(tensor, name)
+            value.meta[_KEY] = key
+        return value
 
 
-def packed_halves(op, graph: ir.Graph, names: NameScope, packed: ir.Value, R: int, C: int,
+def packed_halves(op, graph: ir.Graph, weights: DerivedWeights, packed: ir.Value, R: int, C: int,
                   dtype: ir.DataType) -> tuple[ir.Value, ir.Value]:
     """(down [C*H, R], inject [C*H, C]) sliced from a constant packed [C*H, R+C] weight."""
     source = packed.const_value
@@ -85,14 +95,14 @@ def packed_halves(op, graph: ir.Graph, names: NameScope, packed: ir.Value, R: in
 
         return make
 
-    down = _derived(op, graph, names, ("packed.down", packed, R, C), f"{packed.name}.down", dtype, (CH, R),
+    down = weights.get(op, graph, ("packed.down", packed, R, C), f"{packed.name}.down", dtype, (CH, R),
                     half(slice(0, R)))
-    inject = _derived(op, graph, names, ("packed.inject", packed, R, C), f"{packed.name}.inject", dtype, (CH, C),
+    inject = weights.get(op, graph, ("packed.inject", packed, R, C), f"{packed.name}.inject", dtype, (CH, C),
                       half(slice(R, R + C)))
     return down, inject
 
 
-def flat_norm_scale(op, graph: ir.Graph, names: NameScope, scale: ir.Value, layout: str, C: int,
+def flat_norm_scale(op, graph: ir.Graph, weights: DerivedWeights, scale: ir.Value, layout: str, C: int,
                     H: int) -> ir.Value:
     """A constant (C, H) ("grouped") or (H) ("shared") norm scale as the fused op's (C*H)."""
     source = scale.const_value
@@ -100,15 +110,15 @@ def flat_norm_scale(op, graph: ir.Graph, names: NameScope, scale: ir.Value, layo
         make = lambda name: ir.tensor(np.ascontiguousarray(source.numpy().reshape(-1)), name=name)  # noqa: E731
     else:
         make = lambda name: ir.tensor(np.tile(source.numpy(), C), name=name)  # noqa: E731
-    return _derived(op, graph, names, ("norm." + layout, scale, C, H), f"{scale.name}.flat", source.dtype,
+    return weights.get(op, graph, ("norm." + layout, scale, C, H), f"{scale.name}.flat", source.dtype,
                     (C * H,), make)
 
 
-def zero_inject(op, graph: ir.Graph, names: NameScope, C: int, H: int, dtype: ir.DataType) -> ir.Value:
+def zero_inject(op, graph: ir.Graph, weights: DerivedWeights, C: int, H: int, dtype: ir.DataType) -> ir.Value:
     """The final mix has no inject half: pre_output does not depend on the inject weight, so a zero
     weight (post_gate = sigmoid(0)) leaves it unchanged and the unused post_gate is never read."""
     CH = C * H
     np_dtype = dtype.numpy()
     make = lambda name: ir.tensor(np.zeros((CH, C), dtype=np_dtype), name=name)  # noqa: E731
-    return _derived(op, graph, names, ("zero_inject", None, C, H, dtype), f"hcfuse.zero_inject_weight.{CH}x{C}.{dtype.name}",
+    return weights.get(op, graph, ("zero_inject", None, C, H, dtype), f"hcfuse.zero_inject_weight.{CH}x{C}.{dtype.name}",
                     dtype, (CH, C), make)

@@ -122,14 +122,14 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
         scale = b["norm_scale"]
         if m.norm_layout != "flat":
             session.maybe_dead.append(scale)
-            scale = derived_weights.flat_norm_scale(op, m.graph, session.names, scale, m.norm_layout, m.C, m.H)
+            scale = derived_weights.flat_norm_scale(op, m.graph, session.weights, scale, m.norm_layout, m.C, m.H)
         if v.packed:
-            down, inject = derived_weights.packed_halves(op, m.graph, session.names, b["packed_weight"], m.R, m.C, m.T)
+            down, inject = derived_weights.packed_halves(op, m.graph, session.weights, b["packed_weight"], m.R, m.C, m.T)
             session.maybe_dead += [b["packed_weight"], b["split_sizes"]]
         else:
             down = b["down_weight"]
             inject = b["inject_weight"] if v.has_inject else derived_weights.zero_inject(
-                op, m.graph, session.names, m.C, m.H, m.T)
+                op, m.graph, session.weights, m.C, m.H, m.T)
         if v.has_inject:
             session.maybe_dead += [b[k] for k in ("gate_div", "gate_mul") if b[k] is not None]
         inputs = [b["streams"], scale, down, b["up_weight"], inject]

@@ -11,7 +11,7 @@ import dataclasses
 
 import onnx_ir as ir
 
-from hcfuse.rewrite.derived_weights import NameScope
+from hcfuse.rewrite.derived_weights import DerivedWeights
 from hcfuse.rewrite.shape_facts import ShapeFacts
 
 
@@ -35,7 +35,8 @@ class Fusion:
 class FusionSession:
     def __init__(self, model: ir.Model):
         self.facts = ShapeFacts()
-        self.names = NameScope(model)
+        self.weights = DerivedWeights(model)
+        self.names = self.weights.names
         self.failures: list[CheckFailure] = []
         self.fused: list[Fusion] = []
         self.maybe_dead: list[ir.Value] = []  # constants the fused nodes no longer read
