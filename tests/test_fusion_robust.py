@@ -168,3 +168,13 @@ def test_odd_attribute_types_give_reasons(mutate):
     [rejected] = report.rejected
     assert "must be" in rejected.reason and "internal error" not in rejected.reason
     assert _fused_nodes(model)
+
+
+def test_a_block_in_a_function_that_differs_from_the_stock_block_gets_a_reason():
+    model = _model(1, packed=False, final_mix=False)
+    function = _into_function(model, typed_inputs=True)
+    next(n for n in function if n.op_type == "Sigmoid").op_type = "Tanh"
+    report = fuse_with_report(model)
+    assert report.fused == []
+    [rejected] = report.rejected
+    assert rejected.anchor.endswith("hc_norm") and "differ from the stock block" in rejected.reason

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import re
+import textwrap
 import gc
 import weakref
 
@@ -97,3 +99,17 @@ def test_concurrent_rewrites_with_the_shared_exported_rules():
         results = list(pool.map(lambda p: rewriter.rewrite(p, pattern_rewrite_rules=hc_lowrank_mix_rules),
                                 protos * 2))
     assert [_ops(ir.from_proto(p)) for p in results] == sequential * 2
+
+
+def test_the_pass_docstring_example_runs(tmp_path, monkeypatch, capsys):
+    from hcfuse.rewrite import fusion_pass
+
+    ir.save(ir.from_proto(_proto()), tmp_path / "model.onnx")
+    monkeypatch.chdir(tmp_path)
+    blocks = re.findall(r"::\n\n((?:    .*\n|\n)+)", fusion_pass.__doc__)
+    assert len(blocks) == 2
+    namespace: dict = {}
+    exec(compile("\n".join(textwrap.dedent(b) for b in blocks), "fusion_pass example", "exec"), namespace)
+    assert capsys.readouterr().out == "True\n4 blocks fused\n"
+    assert _ops(namespace["model"])[_op.OP_TYPE] == 4 and _ops(namespace["fused"])[_op.OP_TYPE] == 4
+    assert (tmp_path / "fused.onnx").exists()

@@ -93,20 +93,21 @@ def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, 
             continue
         blocking = [f for f in items if not f.prologue_only] or items
         out.append(Rejection(blocking[0].rule, anchor, blocking[0].reason))
-    for node in model.graph:
-        if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
-            out.append(Rejection("", node.name, _structural_reason(model, node)))
+    for where in (model.graph, *model.functions.values()):
+        for node in where:
+            if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
+                out.append(Rejection("", node.name, _structural_reason(model, where, node)))
     return out
 
 
-def _structural_reason(model: ir.Model, norm: ir.Node) -> str:
+def _structural_reason(model: ir.Model, where: ir.Graph | ir.Function, norm: ir.Node) -> str:
     """Why no rule's pattern fits the nodes around an unfused BranchwiseRMSNorm (its nearest miss)."""
     pre_mixes = [user for user, _ in norm.outputs[0].uses() if user.op_type == _op.PRE_MIX]
     if not pre_mixes:
         return f"its output is not consumed by a {_op.PRE_MIX}: not a hyper-connection block"
     best = None
     for rule in hc_lowrank_mix_rules:
-        match = rule._matcher.match(model, model.graph, pre_mixes[0])
+        match = rule._matcher.match(model, where, pre_mixes[0])
         if not match and (best is None or len(match.nodes) > len(best.nodes)):
             best = match
     if best is None:

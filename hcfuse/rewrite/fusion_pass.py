@@ -8,15 +8,18 @@ Example (runnable on any model holding the stock chain)::
     import hcfuse
 
     model = ir.load("model.onnx")
-    fusion = hcfuse.HcLowRankMixFusionPass()
-    result = ir.passes.PassManager([fusion, RemoveUnusedNodesPass(), TopologicalSortPass()])(model)
-    print(result.modified)                      # True when a block was fused
-    print(fusion(model).report.to_dict())       # called alone, the result carries the report
+    passes = ir.passes.PassManager([hcfuse.HcLowRankMixFusionPass(), RemoveUnusedNodesPass(), TopologicalSortPass()])
+    print(passes(model).modified)                      # True when a block was fused
+
+    result = hcfuse.HcLowRankMixFusionPass()(ir.load("model.onnx"))  # alone, its result carries the report
+    print(len(result.report.fused), "blocks fused")
+    ir.save(result.model, "fused.onnx")
 
 The same rules also work inside onnxscript's rewriter::
 
     from onnxscript import rewriter
-    fused = rewriter.rewrite(model, pattern_rewrite_rules=hcfuse.hc_lowrank_mix_rules)
+
+    fused = rewriter.rewrite(ir.load("model.onnx"), pattern_rewrite_rules=hcfuse.hc_lowrank_mix_rules)
 
 Every call keeps its state in the call (hcfuse.rewrite.session): one pass object may run on many
 models, in several threads at once.
