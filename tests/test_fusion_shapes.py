@@ -130,3 +130,16 @@ def test_an_overridable_reshape_shape_gives_no_fact():
     graph = ir.Graph([x, shape], [], nodes=[reshape := ir.node("Reshape", [x, shape])], initializers=[shape])
     assert graph.initializers["shape"] is shape
     assert ShapeFacts().dims(reshape.outputs[0]) is None
+
+
+def test_a_value_info_that_contradicts_the_graph_gives_no_fact():
+    x = _value("x", ["rows", C * H])
+    w = _value("w", [C * H, C])
+    matmul = ir.node("MatMul", [x, w])
+    matmul.outputs[0].shape = ir.Shape(["rows", C, H])  # wrong rank: a (..., C, H) claim
+    other = ir.node("MatMul", [x, w])
+    other.outputs[0].shape = ir.Shape(["rows", C + 1])  # wrong last dim
+    ir.Graph([x, w], [], nodes=[matmul, other])
+    facts = ShapeFacts()
+    assert facts.dims(matmul.outputs[0]) is None
+    assert facts.dims(other.outputs[0]) == ("rows", None)

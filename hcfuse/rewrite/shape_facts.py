@@ -44,15 +44,23 @@ def _declared(value: ir.Value) -> Fact:
 
 
 def _merge(declared: Fact, derived: Fact) -> Fact:
-    """Declared and derived facts together: a known dim wins over an unknown one, an int over a symbol."""
-    dtype = declared.dtype or derived.dtype
+    """Declared and derived facts together: a known dim wins over an unknown one, an int over a symbol;
+    where the two contradict each other (a wrong value_info), nothing is known."""
+    if declared.dtype and derived.dtype and declared.dtype != derived.dtype:
+        dtype = None
+    else:
+        dtype = declared.dtype or derived.dtype
     a, b = declared.dims, derived.dims
-    if a is None or b is None or len(a) != len(b):
+    if a is None or b is None:
         return Fact(dtype, a if a is not None else b)
+    if len(a) != len(b):
+        return Fact(dtype, None)
     return Fact(dtype, tuple(_better(x, y) for x, y in zip(a, b)))
 
 
 def _better(x, y):
+    if isinstance(x, int) and isinstance(y, int):
+        return x if x == y else None
     if isinstance(x, int):
         return x
     if isinstance(y, int):
