@@ -143,3 +143,14 @@ def test_a_value_info_that_contradicts_the_graph_gives_no_fact():
     facts = ShapeFacts()
     assert facts.dims(matmul.outputs[0]) is None
     assert facts.dims(other.outputs[0]) == ("rows", None)
+
+
+def test_an_overridable_default_without_a_declared_shape_gives_no_shape():
+    """A caller may feed another shape than the default's (the stock norm takes (C*H), (C, H) or (H))."""
+    scale = ir.Value(name="scale", const_value=ir.tensor(np.ones(C * H, np.float32)))
+    ir.Graph([scale], [], nodes=[], initializers=[scale])
+    assert ShapeFacts().dims(scale) is None
+    declared = ir.Value(name="declared", shape=ir.Shape([C * H]), type=ir.TensorType(ir.DataType.FLOAT),
+                        const_value=ir.tensor(np.ones(C * H, np.float32)))
+    ir.Graph([declared], [], nodes=[], initializers=[declared])
+    assert ShapeFacts().dims(declared) == (C * H,)

@@ -31,12 +31,13 @@ _UNKNOWN = Fact(None, None)
 
 
 def _declared(value: ir.Value) -> Fact:
-    dtype = value.dtype
-    shape = value.shape
-    if shape is None and value.const_value is not None:
-        shape = value.const_value.shape
-    if dtype is None and value.const_value is not None:
-        dtype = value.const_value.dtype
+    dtype, shape = value.dtype, value.shape
+    # an overridable default's tensor says nothing of what a caller may feed: only its declared type counts
+    default = value.const_value if not value.is_graph_input() else None
+    if shape is None and default is not None:
+        shape = default.shape
+    if dtype is None and default is not None:
+        dtype = default.dtype
     if shape is None:
         return Fact(dtype, None)
     dims = tuple(d if isinstance(d, int) else (d.value if isinstance(d.value, str) else None) for d in shape.dims)
