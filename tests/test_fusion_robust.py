@@ -178,3 +178,39 @@ def test_a_block_in_a_function_that_differs_from_the_stock_block_gets_a_reason()
     assert report.fused == []
     [rejected] = report.rejected
     assert rejected.anchor.endswith("hc_norm") and "differ from the stock block" in rejected.reason
+
+
+def _as_branch(model: ir.Model, outer_input: ir.Value, tag: str) -> ir.Graph:
+    """model's graph as an If branch reading outer_input, every name prefixed with tag."""
+    graph = model.graph
+    [inner_input] = graph.inputs
+    graph.inputs.clear()
+    inner_input.replace_all_uses_with(outer_input)
+    for value in list(graph.initializers.values()):
+        value.name = tag + value.name  # renaming keeps the initializers dict in step
+    for node in graph:
+        node.name = tag + node.name
+        for value in node.outputs:
+            value.name = tag + value.name
+    return graph
+
+
+def test_chain_inside_an_if_branch_is_fused_there(hcfuse_lib):
+    embeds = ir.Value(name="inputs_embeds", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", "seq", H]))
+    cond = ir.Value(name="cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    then_branch = _as_branch(_model(2), embeds, "then")
+    else_branch = _as_branch(_model(1, seed=1), embeds, "else")
+    node = ir.node("If", [cond], {"then_branch": ir.AttrGraph("then_branch", then_branch),
+                                  "else_branch": ir.AttrGraph("else_branch", else_branch)}, name="if")
+    out = node.outputs[0]
+    out.name, out.type = "hidden_states", ir.TensorType(ir.DataType.FLOAT)
+    graph = ir.Graph([cond, embeds], [out], nodes=[node], opset_imports={"": 21, _op.DOMAIN: 1})
+    original = ir.Model(graph, ir_version=10)
+    model = original.clone()
+    report = fuse_with_report(model)
+    assert len(report.fused) == 5 and report.rejected == []
+    for branch in ("then_branch", "else_branch"):
+        ops = [n.op_type for n in _node(model, "If").attributes[branch].value]
+        assert _op.BRANCH_NORM not in ops and _op.OP_TYPE in ops
+    for flag in (True, False):
+        _assert_same(original, model, hcfuse_lib, {"cond": np.array(flag), **_embeds(2, 3)})
