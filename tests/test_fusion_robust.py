@@ -123,19 +123,34 @@ def test_chain_inside_a_function_with_untyped_inputs_is_left_with_a_reason(hcfus
     _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
 
 
-def test_reference_attribute_is_left_with_a_reason(hcfuse_lib):
+def test_float_reference_attribute_passes_on_to_the_fused_node(hcfuse_lib):
     original = _model(1, packed=False, final_mix=False)
     function = _into_function(original, typed_inputs=True,
                               attributes=[ir.Attr("eps", ir.AttributeType.FLOAT, 1e-5)])
     norm = next(n for n in function if n.op_type == _op.BRANCH_NORM)
     norm.attributes["epsilon"] = ir.RefAttr("epsilon", "eps", ir.AttributeType.FLOAT)
-    call = _node(original, "HcBlocks")
-    call.attributes["eps"] = ir.AttrFloat32("eps", 1e-6)
+    _node(original, "HcBlocks").attributes["eps"] = ir.AttrFloat32("eps", 0.5)  # large enough to matter
     model = original.clone()
     report = fuse_with_report(model)  # was TypeError
+    assert len(report.fused) == 1 and report.rejected == []
+    [fused] = [n for n in next(iter(model.functions.values())) if n.op_type == _op.OP_TYPE]
+    epsilon = fused.attributes["epsilon"]
+    assert epsilon.is_ref() and epsilon.ref_attr_name == "eps"
+    _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
+
+
+def test_num_branches_by_reference_is_left_with_a_reason(hcfuse_lib):
+    original = _model(1, packed=False, final_mix=False)
+    function = _into_function(original, typed_inputs=True,
+                              attributes=[ir.Attr("branches", ir.AttributeType.INT, C)])
+    norm = next(n for n in function if n.op_type == _op.BRANCH_NORM)
+    norm.attributes["num_branches"] = ir.RefAttr("num_branches", "branches", ir.AttributeType.INT)
+    _node(original, "HcBlocks").attributes["branches"] = ir.AttrInt64("branches", C)
+    model = original.clone()
+    report = fuse_with_report(model)
     assert report.fused == []
     [rejected] = report.rejected
-    assert "attribute epsilon of BranchwiseRMSNorm" in rejected.reason and "'eps'" in rejected.reason
+    assert "attribute num_branches of BranchwiseRMSNorm" in rejected.reason and "'branches'" in rejected.reason
     _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
 
 
