@@ -252,3 +252,28 @@ def test_chain_inside_an_if_branch_is_fused_there(hcfuse_lib):
         assert _op.BRANCH_NORM not in ops and _op.OP_TYPE in ops
     for flag in (True, False):
         _assert_same(original, model, hcfuse_lib, {"cond": np.array(flag), **_embeds(2, 3)})
+
+
+def test_blocks_left_in_if_branches_each_get_a_report_entry():
+    """Unnamed nodes in two branches, a block in each that differs from the stock block: every block
+    left unfused has its own entry, with its own anchor."""
+    embeds = ir.Value(name="inputs_embeds", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", "seq", H]))
+    cond = ir.Value(name="cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    branches = []
+    for tag in ("then", "else"):
+        branch = _as_branch(_model(2), embeds, tag)
+        for node in branch:
+            node.name = ""
+        next(n for n in branch if n.op_type == "Sigmoid").op_type = "Tanh"  # block 0's up gate
+        branch.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+        branches.append(branch)
+    node = ir.node("If", [cond], {"then_branch": ir.AttrGraph("then_branch", branches[0]),
+                                  "else_branch": ir.AttrGraph("else_branch", branches[1])}, name="if")
+    node.outputs[0].name, node.outputs[0].type = "hidden_states", ir.TensorType(ir.DataType.FLOAT)
+    model = ir.Model(ir.Graph([cond, embeds], node.outputs, nodes=[node], opset_imports={"": 21, _op.DOMAIN: 1}),
+                     ir_version=10)
+    report = fuse_with_report(model)
+    assert len(report.fused) == 4  # per branch: block 1 and the final mix
+    blocks = [b for b in report.rejected if not b.reason.startswith("prologue not fused")]
+    assert len(blocks) == 2 and len({b.anchor for b in blocks}) == 2 and all(b.anchor for b in blocks)
+    assert all("differ from the stock block" in b.reason for b in blocks), blocks
