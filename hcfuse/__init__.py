@@ -49,6 +49,8 @@ _LAZY = {
     "infer_shapes_file": "hcfuse.pipeline",
     "FileResult": "hcfuse.pipeline",
     "infer_shapes": "hcfuse.ort_symbolic_shape",
+    "HcLowRankMixFusionPass": "hcfuse.rewrite",
+    "hc_lowrank_mix_rules": "hcfuse.rewrite",
 }
 
 __all__ = [

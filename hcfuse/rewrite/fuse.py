@@ -9,8 +9,10 @@ import onnx_ir as ir
 from onnxscript.rewriter import _basics
 
 from hcfuse import _op
-from hcfuse.rewrite.hc_lowrank_mix import LOG, CheckFailure, hc_lowrank_mix_rules, hc_lowrank_mix_ruleset
+from hcfuse.rewrite.derived_weights import NameScope
+from hcfuse.rewrite.hc_lowrank_mix import hc_lowrank_mix_rules, make_ruleset
 from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
+from hcfuse.rewrite.session import CheckFailure, FusionSession
 
 
 def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
@@ -23,38 +25,44 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
 
     register_schema()
     _name_anchors(model)
-    LOG.clear()
-    try:
-        count = hc_lowrank_mix_ruleset.apply_to_model(model)
-        report = FusionReport(fused=[FusedBlock(rule, node, replaced, anchor) for rule, node, replaced, anchor in LOG.fused])
-        _remove_dead(model.graph, LOG.maybe_dead)
-        failures = list(LOG.failures)
-    finally:
-        LOG.clear()
+    session = FusionSession(model)
+    count = make_ruleset(session).apply_to_model(model)
+    report = FusionReport(fused=[FusedBlock(f.rule, f.node, f.replaced, f.anchor, f.prologue) for f in session.fused])
+    _remove_dead(session.maybe_dead)
     if count:
-        model.graph.sort()
+        for graph in _all_graphs(model):
+            graph.sort()
         model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
         model.graph.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
-    report.rejected = _rejections(model, failures, {block.anchor: block.rule for block in report.fused})
+    report.rejected = _rejections(model, session.failures, {block.anchor: block.rule for block in report.fused})
     if debug and not count:
         tracer = _basics.MatchingTracer()
-        hc_lowrank_mix_ruleset.apply_to_model(model, tracer=tracer)
+        make_ruleset(FusionSession(model)).apply_to_model(model, tracer=tracer)
         tracer.report()
-        LOG.clear()
         for item in report.rejected:
             print(f"hcfuse: {item.anchor}: {item.reason}", file=sys.stderr)
     return report
 
 
 def _name_anchors(model: ir.Model) -> None:
-    """Unique node names where a candidate's BranchwiseRMSNorm has none or shares one: the report and
-    the fused node's name go by it. (The rewriter names every node after a fusion anyway.)"""
-    names = collections.Counter(
-        node.name for graph in (model.graph, *model.functions.values()) for node in graph
-        if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN
-    )
-    if any(not name or n > 1 for name, n in names.items()):
-        ir.passes.common.NameFixPass()(model)
+    """A name of its own (in the whole model, subgraphs and functions included) for each candidate's
+    BranchwiseRMSNorm that has none or shares one: the report and the fused node's name go by it."""
+    names = NameScope(model)
+    seen: set[str] = set()
+    for graph in _all_graphs(model):
+        for node in graph:
+            if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN:
+                if not node.name or node.name in seen:
+                    node.name = names.fresh(node.name or _op.BRANCH_NORM)
+                seen.add(node.name)
+
+
+def _all_graphs(model: ir.Model) -> list[ir.Graph | ir.Function]:
+    """The main graph, the model-local functions and every subgraph (If/Loop bodies) of either."""
+    graphs: list[ir.Graph | ir.Function] = list(model.graphs())
+    for function in model.functions.values():
+        graphs += [function, *function.subgraphs()]
+    return graphs
 
 
 def fuse_hc_lowrank_mix(model: ir.Model, debug: bool = False) -> int:
@@ -62,17 +70,17 @@ def fuse_hc_lowrank_mix(model: ir.Model, debug: bool = False) -> int:
     return len(fuse_with_report(model, debug=debug).fused)
 
 
-def _remove_dead(graph: ir.Graph, values: list[ir.Value]) -> None:
+def _remove_dead(values: list[ir.Value]) -> None:
     """Removes the constants (Constant nodes or initializers) among values that nothing reads any more."""
     for value in dict.fromkeys(values):
-        if value.uses() or value.is_graph_output():
+        if value.uses() or value.is_graph_output() or value.is_graph_input():
             continue
         producer = value.producer()
         if producer is not None:
-            if producer.op_type == "Constant" and producer.graph is graph:
-                graph.remove(producer, safe=True)
-        elif graph.initializers.get(value.name) is value and not value.is_graph_input():
-            del graph.initializers[value.name]
+            if producer.op_type == "Constant" and producer.graph is not None:
+                producer.graph.remove(producer, safe=True)
+        elif value.is_initializer() and value.graph is not None:
+            del value.graph.initializers[value.name]
 
 
 _PARTS = {"Prologue": "prologue", "GateMul": "gate Mul"}  # rule-name tag -> the part it fuses
@@ -87,29 +95,40 @@ def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, 
     out = []
     for anchor, items in by_anchor.items():
         if anchor in fused:
-            # a more specific rule failed, a less specific one fused: say which part stays unfused
-            for f in items:
-                part = next((words for tag, words in _PARTS.items() if tag in f.rule and tag not in fused[anchor]), None)
-                if part:
-                    out.append(Rejection(f.rule, anchor, f"{part} not fused: {f.reason}"))
-                    break
+            # more specific rules failed, a less specific one fused: say which parts stay unfused, and why
+            parts = [(words, _part_failure(tag, items)) for tag, words in _PARTS.items() if tag not in fused[anchor]]
+            parts = [(words, f) for words, f in parts if f is not None]
+            if parts:
+                text = "; ".join(f"{words} not fused: {f.reason}" for words, f in parts)
+                out.append(Rejection(parts[0][1].rule, anchor, text))
             continue
         blocking = [f for f in items if not f.prologue_only] or items
         out.append(Rejection(blocking[0].rule, anchor, blocking[0].reason))
-    for node in model.graph:
-        if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
-            out.append(Rejection("", node.name, _structural_reason(model, node)))
+    for where in _all_graphs(model):
+        for node in where:
+            if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
+                out.append(Rejection("", node.name, _structural_reason(model, where, node)))
     return out
 
 
-def _structural_reason(model: ir.Model, norm: ir.Node) -> str:
+def _part_failure(tag: str, items: list[CheckFailure]) -> CheckFailure | None:
+    """The failure that kept the part named by tag out of the fused node."""
+    candidates = [f for f in items if tag in f.rule]
+    if tag == "Prologue":  # a prologue-only condition, else the Prologue rule that needs no gate Mul
+        candidates.sort(key=lambda f: (not f.prologue_only, "GateMul" in f.rule))
+    else:
+        candidates.sort(key=lambda f: f.prologue_only)
+    return candidates[0] if candidates else None
+
+
+def _structural_reason(model: ir.Model, where: ir.Graph | ir.Function, norm: ir.Node) -> str:
     """Why no rule's pattern fits the nodes around an unfused BranchwiseRMSNorm (its nearest miss)."""
     pre_mixes = [user for user, _ in norm.outputs[0].uses() if user.op_type == _op.PRE_MIX]
     if not pre_mixes:
         return f"its output is not consumed by a {_op.PRE_MIX}: not a hyper-connection block"
     best = None
     for rule in hc_lowrank_mix_rules:
-        match = rule._matcher.match(model, model.graph, pre_mixes[0])
+        match = rule._matcher.match(model, where, pre_mixes[0])
         if not match and (best is None or len(match.nodes) > len(best.nodes)):
             best = match
     if best is None:
