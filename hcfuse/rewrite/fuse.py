@@ -11,6 +11,7 @@ from onnxscript.rewriter import _basics
 from hcfuse import _op
 from hcfuse.rewrite.hc_lowrank_mix import LOG, CheckFailure, hc_lowrank_mix_rules, hc_lowrank_mix_ruleset
 from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
+from hcfuse.rewrite.standard_onnx import canonicalize_standard_onnx
 
 
 def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
@@ -22,6 +23,8 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
     from hcfuse.schema import register_schema
 
     register_schema()
+    # ORT GenAI's standard-ONNX expansions as contrib ops, only where the fusion below absorbs them
+    standard = canonicalize_standard_onnx(model, trial=fuse_with_report)
     _name_anchors(model)
     LOG.clear()
     try:
@@ -36,6 +39,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
         model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
         model.graph.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
     report.rejected = _rejections(model, failures, {block.anchor: block.rule for block in report.fused})
+    report.rejected += standard.rejected
     if debug and not count:
         tracer = _basics.MatchingTracer()
         hc_lowrank_mix_ruleset.apply_to_model(model, tracer=tracer)
