@@ -99,7 +99,8 @@ class _ExpansionRule(RewriteRuleClassBase):
             facts = e.args[0]
         reason = facts if isinstance(facts, str) else outside_use(context.nodes, root.outputs[0])
         if reason:
-            self._rec.candidates.setdefault(key, Candidate(self.kind, self.group_name(root), reason=reason))
+            group = self.group_name(root) or f"<unnamed {root.op_type} node {key}>"
+            self._rec.candidates.setdefault(key, Candidate(self.kind, group, reason=reason))
             return _basics.MatchResult().fail(reason)
         self._facts, self._key = facts, key
         return _basics.MatchResult()
@@ -113,7 +114,7 @@ class _ExpansionRule(RewriteRuleClassBase):
     def rewrite(self, op, **b):
         root_name = self._facts.pop("group")
         name = root_name
-        while name in self._rec.names:  # the root's own name is free once it is removed, a parent's may not be
+        while name and name in self._rec.names:  # the root's own name is free once it is removed, a parent's may not be
             name = f"{name}/{self.kind}"
         self._rec.names.add(name)
         self._rec.maybe_dead += [v for v in self._facts.pop("constants") if v is not None]
