@@ -304,3 +304,14 @@ def test_a_trial_that_fuses_nothing_leaves_the_model_as_it_was():
     assert report.canonicalized == [] and len(report.rejected) == 3 * 4 + 3  # 4 expansions a block, 3 in the final mix
     assert all(item.reason.startswith("its block did not fuse with it") for item in report.rejected)
     assert ir.to_proto(model).SerializeToString() == before
+
+
+def test_a_model_without_expansions_is_not_tried():
+    from hcfuse.rewrite.standard_onnx import canonicalize_standard_onnx
+    from models.qwen_decode import build_decode_model
+
+    def no_trial(model):
+        raise AssertionError("a model without expansions needs no trial")
+
+    report = canonicalize_standard_onnx(build_decode_model(2, C=C, H=H, R=R), trial=no_trial)
+    assert report.canonicalized == [] and report.rejected == []

@@ -48,7 +48,7 @@ def canonicalize_standard_onnx(model: ir.Model, *, trial: Callable[[ir.Model], o
     with .rejected entries (anchor, reason), their reasons explain the expansions that were left.
     Inside a trial (a copy made here) this does nothing, so trial may be the function that calls it.
     """
-    if model.graph.meta.get(_TRIAL):
+    if model.graph.meta.get(_TRIAL) or not _may_hold_expansions(model.graph):
         return StandardOnnxReport()
     allowed, refused, first = None, {}, None
     while allowed is None or allowed:
@@ -81,6 +81,22 @@ def canonicalize_standard_onnx(model: ir.Model, *, trial: Callable[[ir.Model], o
         _remove_unused_constants(model.graph, recorder.maybe_dead)
         report.canonicalized = [c.group for _, c in sorted(recorder.candidates.items()) if c.node is not None]
     return report
+
+
+_EXPANSION_OPS = {"SimplifiedLayerNormalization", "ReduceMean", "Unsqueeze"}
+
+
+def _may_hold_expansions(graph: ir.Graph) -> bool:
+    """A quick look (no matching) for the ops only expansions bring: the contrib-op form has none of
+    them but a SiLU-shaped Mul(Div(x, d), Sigmoid(Div(x, d)))."""
+    for node in graph:
+        if node.op_type in _EXPANSION_OPS:
+            return True
+        if node.op_type == "Mul" and len(node.inputs) == 2 and None not in node.inputs:
+            producers = {v.producer().op_type if v.producer() else "" for v in node.inputs}
+            if producers == {"Div", "Sigmoid"}:
+                return True
+    return False
 
 
 def _rewrite(model: ir.Model, allowed: set | None) -> _Recorder:

@@ -85,12 +85,13 @@ def attr(node: ir.Node, name: str, default):
     return found.value
 
 
-def outside_use(nodes, root_output: ir.Value) -> str | None:
-    """Why the matched nodes cannot all be replaced: an intermediate used outside them, else None."""
-    matched = set(nodes)
+def outside_use(nodes, outputs) -> str | None:
+    """Why matched nodes cannot all be replaced: a value they compute, other than the match's outputs,
+    that is a graph output or read by another node; else None."""
+    matched, outputs = set(nodes), set(outputs)
     for node in nodes:
         for value in node.outputs:
-            if value is root_output or not (value.uses() or value.is_graph_output()):
+            if value in outputs:
                 continue
             if value.is_graph_output():
                 return f"intermediate {value.name!r} is a graph output"

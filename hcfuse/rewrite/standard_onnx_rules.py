@@ -97,7 +97,7 @@ class _ExpansionRule(RewriteRuleClassBase):
             facts = self.prove(context, b)
         except KeyError as e:  # a reference attribute
             facts = e.args[0]
-        reason = facts if isinstance(facts, str) else outside_use(context.nodes, root.outputs[0])
+        reason = facts if isinstance(facts, str) else outside_use(context.nodes, context.output_values)
         if reason:
             group = self.group_name(root) or f"<unnamed {root.op_type} node {key}>"
             self._rec.candidates.setdefault(key, Candidate(self.kind, group, reason=reason))
