@@ -135,6 +135,9 @@ def test_expansion_fuses_into_one_node_per_block(hcfuse_lib, dtype, paged):
     assert attrs == {"num_branches": C, "epsilon": pytest.approx(1e-6), "reduction_scale": 0.25,
                      "silu_alpha": 0.25, "gate_div": 4.0, "gate_mul": 2.0}
     assert fused[0].inputs[1].name == "model.layers.0.attn_hyper_connection.hc_norm.weight"  # weight + 1, in place
+    b0, b1 = "/model/layers.0/attn_hyper_connection", "/model/layers.0/mlp_hyper_connection"
+    assert {f"{b1}/hc_norm", f"{b1}/input_mix_weight_down/SiLU", f"{b1}/mixed/Mean", f"{b0}/injection"} <= set(
+        report.fused[1].replaced)  # the contrib nodes the expansions became, named after them
     assert not any(name.endswith("norm_scale") for name in model.graph.initializers)  # the ones are gone
     assert _gap(original, model, dtype) <= SMALL_BOUND[dtype]
 
@@ -157,6 +160,38 @@ def test_deep_chain(hcfuse_lib):
     assert len(report.fused) == 25 and report.rejected == []
     assert sum(len(n.inputs) == 7 for n in model.graph if n.op_type == _op.OP_TYPE) == 24
     assert _gap(original, model, np.float16) <= SMALL_BOUND[np.float16]
+
+
+def test_reduce_mean_with_axes_attribute():
+    """Before opset 18 ReduceMean takes its axes as an attribute."""
+    model = _model(2)
+    model.opset_imports[""] = model.graph.opset_imports[""] = 17
+    for node in [n for n in model.graph if n.op_type == "ReduceMean"]:
+        node.resize_inputs(1)
+        node.attributes["axes"] = ir.AttrInt64s("axes", [-2])
+    original, report = _fuse(model)
+    assert len(report.fused) == 3 and not EXPANSION_OPS & set(_ops(model))
+    _gap(original, model)
+
+
+def test_last_injection_without_a_next_block_stays():
+    """The last block's post-mix feeds no further block: no fused node can absorb it, so it stays."""
+    model = _model(2, final_mix=False)
+    original, report = _fuse(model)
+    assert len(report.fused) == 2 and not CONTRIB & set(_ops(model))
+    assert _ops(model)["Unsqueeze"] == 2 and _ops(model)["Add"] == 1
+    [(anchor, reason)] = _reasons(report).items()
+    assert anchor == "/model/layers.0/mlp_hyper_connection/injection" and "no block's norm reads its output" in reason
+    _gap(original, model)
+
+
+def test_bfloat16_fuses():
+    """ORT's CPU runs no bfloat16 MatMul: this checks the rewrite only (numerics need a GPU)."""
+    import ml_dtypes
+
+    model = _model(3, dtype=ml_dtypes.bfloat16)
+    report = fuse_with_report(model)
+    assert len(report.fused) == 4 and not EXPANSION_OPS & set(_ops(model))
 
 
 def test_unnamed_nodes_fuse():

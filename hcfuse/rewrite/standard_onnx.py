@@ -132,6 +132,8 @@ def _block_anchor(node: ir.Node) -> str | None:
 
 def _why_left(candidate: Candidate, trial_result) -> str:
     anchor = _block_anchor(candidate.node)
+    if anchor is None and candidate.kind == _op.POST_MIX:
+        return "no block's norm reads its output: only the next block's fused node can absorb a post-mix"
     reasons = {r.anchor: r.reason for r in getattr(trial_result, "rejected", None) or ()}
     detail = reasons.get(anchor)
     where = f" (block {anchor!r})" if anchor else ""

@@ -75,13 +75,17 @@ def normalize_axis(axis: int, rank: int) -> int | None:
     return axis + rank if -rank <= axis < 0 else axis if 0 <= axis < rank else None
 
 
+class UnresolvedAttribute(Exception):
+    """An attribute that refers to an enclosing function's (ref_attr_name): its value is unknown here."""
+
+
 def attr(node: ir.Node, name: str, default):
-    """An attribute's value; a reference attribute (in a function) reads as unknown (raises KeyError)."""
+    """An attribute's value, or default when absent; raises UnresolvedAttribute for a reference."""
     found = node.attributes.get(name)
     if found is None:
         return default
     if found.is_ref():
-        raise KeyError(f"{node.op_type} {node.name!r}: attribute {name!r} is a reference ({found.ref_attr_name!r})")
+        raise UnresolvedAttribute(f"{node.op_type} {node.name!r}: attribute {name!r} refers to {found.ref_attr_name!r}")
     return found.value
 
 

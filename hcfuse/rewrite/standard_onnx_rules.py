@@ -27,8 +27,8 @@ from onnxscript.rewriter._rewrite_rule import RewriteRule, RewriteRuleClassBase,
 
 from hcfuse import _op
 from hcfuse.rewrite.standard_onnx_facts import (
-    FLOAT_TYPES, attr, describe, dims, int_list, keeps_leading, normalize_axis, outside_use, same_dims,
-    true_constant,
+    FLOAT_TYPES, UnresolvedAttribute, attr, describe, dims, int_list, keeps_leading, normalize_axis, outside_use,
+    same_dims, true_constant,
 )
 
 
@@ -75,7 +75,7 @@ class _ExpansionRule(RewriteRuleClassBase):
         super().__init__(name)
         self._rec = recorder
         self._facts: dict | None = None
-        self._key = None
+        self._key = self._root_name = None
 
     @classmethod
     def rule(cls, recorder: _Recorder, name: str, **flags) -> RewriteRule:
@@ -95,14 +95,14 @@ class _ExpansionRule(RewriteRuleClassBase):
             return _basics.MatchResult().fail("left as it is: its block does not fuse")
         try:
             facts = self.prove(context, b)
-        except KeyError as e:  # a reference attribute
-            facts = e.args[0]
+        except UnresolvedAttribute as e:
+            facts = str(e)
         reason = facts if isinstance(facts, str) else outside_use(context.nodes, context.output_values)
         if reason:
             group = self.group_name(root) or f"<unnamed {root.op_type} node {key}>"
             self._rec.candidates.setdefault(key, Candidate(self.kind, group, reason=reason))
             return _basics.MatchResult().fail(reason)
-        self._facts, self._key = facts, key
+        self._facts, self._key, self._root_name = facts, key, root.name
         return _basics.MatchResult()
 
     def prove(self, context, b: dict) -> dict | str:
@@ -114,7 +114,7 @@ class _ExpansionRule(RewriteRuleClassBase):
     def rewrite(self, op, **b):
         root_name = self._facts.pop("group")
         name = root_name
-        while name and name in self._rec.names:  # the root's own name is free once it is removed, a parent's may not be
+        while name and name != self._root_name and name in self._rec.names:  # the root's name is free once removed
             name = f"{name}/{self.kind}"
         self._rec.names.add(name)
         self._rec.maybe_dead += [v for v in self._facts.pop("constants") if v is not None]
