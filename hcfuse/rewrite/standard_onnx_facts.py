@@ -16,8 +16,8 @@ FLOAT_TYPES = {ir.DataType(t) for t in _op.ELEMENT_TYPES}
 Dims = tuple  # of int (static), str (named symbol) or None (unknown)
 
 
-def true_constant(value: ir.Value | None) -> np.ndarray | None:
-    """The value of a true constant (see the module doc), else None. Never reads a graph input."""
+def true_constant(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of a true constant (see the module doc), else None. Never reads a graph input."""
     if value is None or value.is_graph_input():
         return None
     producer = value.producer()
@@ -26,9 +26,14 @@ def true_constant(value: ir.Value | None) -> np.ndarray | None:
     if producer is None and not value.is_initializer():
         return None
     try:
-        tensor = ir.convenience.get_const_tensor(value)
+        return ir.convenience.get_const_tensor(value)
     except ValueError:  # a malformed Constant node: not provably a constant
         return None
+
+
+def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    """true_constant's data as an array, else None."""
+    tensor = true_constant(value)
     return None if tensor is None else tensor.numpy()
 
 
@@ -56,7 +61,7 @@ def same_dims(a: Dims, b: Dims) -> bool:
 
 def int_list(value: ir.Value | None) -> list[int] | None:
     """A true constant 1-D int64 tensor as a list (Reshape shapes, axes), else None."""
-    array = true_constant(value)
+    array = constant_array(value)
     if array is None or array.ndim != 1 or array.dtype != np.int64:
         return None
     return [int(v) for v in array]

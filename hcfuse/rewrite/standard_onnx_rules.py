@@ -27,8 +27,8 @@ from onnxscript.rewriter._rewrite_rule import RewriteRule, RewriteRuleClassBase,
 
 from hcfuse import _op
 from hcfuse.rewrite.standard_onnx_facts import (
-    FLOAT_TYPES, UnresolvedAttribute, attr, describe, dims, int_list, keeps_leading, normalize_axis, outside_use,
-    same_dims, true_constant,
+    FLOAT_TYPES, UnresolvedAttribute, attr, constant_array, describe, dims, int_list, keeps_leading, normalize_axis,
+    outside_use, same_dims,
 )
 
 
@@ -187,10 +187,11 @@ class BranchwiseRMSNormExpansion(_ExpansionRule):
         if len(sln.inputs) > 2 and sln.inputs[2] is not None:
             return f"SimplifiedLayerNormalization {sln.name!r} has a bias input"
         if normalize_axis(int(attr(sln, "axis", -1)), len(leading) + 2) != len(leading) + 1:
-            return f"SimplifiedLayerNormalization {sln.name!r} must normalize the last axis; got axis={attr(sln, 'axis', -1)}"
+            axis = attr(sln, "axis", -1)
+            return f"SimplifiedLayerNormalization {sln.name!r} must normalize the last axis; got axis={axis}"
         if attr(sln, "stash_type", 1) != 1:
             return f"SimplifiedLayerNormalization {sln.name!r} must compute in float (stash_type=1)"
-        ones = true_constant(b["ones"])
+        ones = constant_array(b["ones"])
         if ones is None:
             return (f"the SimplifiedLayerNormalization scale ({describe(b['ones'])}) is not a true constant: "
                     f"cannot prove it is all ones")
@@ -222,7 +223,7 @@ class ScaledSiLUExpansion(_ExpansionRule):
         T = _element_type(b["x"])
         if isinstance(T, str):
             return T
-        divisor = true_constant(b["divisor"])
+        divisor = constant_array(b["divisor"])
         if divisor is None:
             return f"the Div divisor ({describe(b['divisor'])}) is not a true constant"
         if divisor.shape not in ((), (1,)):
@@ -304,7 +305,8 @@ class PostMixExpansion(_ExpansionRule):
                     f"share their leading dims (HyperConnectionPostMix does not broadcast)")
         H, C = out_dims[-1], gate_dims[-1]
         if not isinstance(H, int) or not isinstance(C, int) or stream_dims[-1] != C * H:
-            return f"the streams must be (..., C*H) for a block output (..., H) and a post gate (..., C); got {stream_dims}"
+            return (f"the streams must be (..., C*H) for a block output (..., H) and a post gate (..., C); "
+                    f"got {stream_dims}")
         rank = len(leading) + 2
         if _single_axis(b["u"].producer(), b["output_axes"], rank) != rank - 2:
             return f"the block output {b['block_output'].name!r} must be unsqueezed at axis -2"
