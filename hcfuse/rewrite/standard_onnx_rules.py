@@ -50,9 +50,13 @@ class _Recorder:
 
 
 class _UncheckedRemoval(SimplePatternMatcher):
-    """Leaves the removability check to check(), which can say which value has which other consumer."""
+    """Leaves the removability check to check(), which can say which value has which other consumer;
+    refuses a node of another op type at once (most nodes, for every rule: the pass stays cheap)."""
 
     def match(self, model, graph_or_function, node, *, verbose=0, remove_nodes=True, tracer=None):
+        root = self.pattern.output_nodes[0]
+        if not (root.op.matches(node.op_type) and root.domain.matches(node.domain)):
+            return _basics.MatchResult().fail(f"expected a {root.op_type} node; got {node.op_type}")
         return super().match(model, graph_or_function, node, verbose=verbose, remove_nodes=False, tracer=tracer)
 
 
