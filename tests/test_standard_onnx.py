@@ -162,7 +162,7 @@ def test_deep_chain(hcfuse_lib):
     """24 blocks fuse to 24 nodes plus the final mix, all 23 prologues absorbed. Measured at 96 blocks
     + the final mix, H=512, R=64 (ORT CPU, 3 seeds, both token forms): float32 38-46 ulp, float16 8-10
     ulp: the residual streams carry the extra roundings from block to block, slowly."""
-    model = _model(24, dtype=np.float16, H=32, R=8)
+    model = _model(24, dtype=np.float16, H=32, R=8, num_weight_sets=3)  # blocks share weights (and norm weights)
     original, report = _fuse(model)
     assert len(report.fused) == 25 and report.rejected == []
     assert sum(len(n.inputs) == 7 for n in model.graph if n.op_type == _op.OP_TYPE) == 24
@@ -358,3 +358,26 @@ def test_a_model_without_expansions_is_not_tried():
 
     report = canonicalize_standard_onnx(build_decode_model(2, C=C, H=H, R=R), trial=no_trial)
     assert report.canonicalized == [] and report.rejected == []
+
+
+def test_an_expansion_in_a_subgraph_is_left_with_a_reason(hcfuse_lib):
+    from onnx import TensorProto, helper
+
+    def branch(tag):
+        nodes = [helper.make_node("Div", ["x", "four"], [f"z_{tag}"], name=f"{tag}/SiLU/Div"),
+                 helper.make_node("Sigmoid", [f"z_{tag}"], [f"s_{tag}"], name=f"{tag}/SiLU/Sigmoid"),
+                 helper.make_node("Mul", [f"z_{tag}", f"s_{tag}"], [f"y_{tag}"], name=f"{tag}/SiLU")]
+        return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(f"y_{tag}", TensorProto.FLOAT, [2, R])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["y"], name="if", then_branch=branch("then"), else_branch=branch("else"))],
+        "g", [helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, R])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, R])],
+        [helper.make_tensor("four", TensorProto.FLOAT, [], [4.0])])
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10))
+    report = fuse_with_report(model)
+    assert report.fused == [] and _ops(model) == {"If": 1}
+    assert {item.anchor: item.reason for item in report.rejected} == {
+        f"{tag}/SiLU": "inside a model-local function or a subgraph: expansions are rewritten in the main graph only"
+        for tag in ("then", "else")}

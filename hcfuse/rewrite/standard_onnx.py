@@ -48,7 +48,7 @@ def canonicalize_standard_onnx(model: ir.Model, *, trial: Callable[[ir.Model], o
     with .rejected entries (anchor, reason), their reasons explain the expansions that were left.
     Inside a trial (a copy made here) this does nothing, so trial may be the function that calls it.
     """
-    if model.graph.meta.get(_TRIAL) or not _may_hold_expansions(model.graph):
+    if model.graph.meta.get(_TRIAL) or not _may_hold_expansions(model):
         return StandardOnnxReport()
     allowed, refused, first = None, {}, None
     while allowed is None or allowed:
@@ -56,7 +56,7 @@ def canonicalize_standard_onnx(model: ir.Model, *, trial: Callable[[ir.Model], o
         recorder = _rewrite(work, allowed)
         first = first or recorder
         written = {key: c for key, c in recorder.candidates.items() if c.node is not None}
-        if not written:
+        if not written:  # nothing to try (refused candidates keep their reasons)
             allowed = set()
             break
         work.graph.meta[_TRIAL] = True
@@ -76,6 +76,7 @@ def canonicalize_standard_onnx(model: ir.Model, *, trial: Callable[[ir.Model], o
         reason = c.reason or refused.get(key)
         if reason:
             report.rejected.append(Rejection(f"StandardOnnx{c.kind}", c.group, reason))
+    report.rejected += [Rejection(f"StandardOnnx{c.kind}", c.group, c.reason) for c in first.elsewhere.values()]
     if allowed:
         recorder = _rewrite(model, allowed)
         _remove_unused_constants(model.graph, recorder.maybe_dead)
@@ -86,10 +87,11 @@ def canonicalize_standard_onnx(model: ir.Model, *, trial: Callable[[ir.Model], o
 _EXPANSION_OPS = {"SimplifiedLayerNormalization", "ReduceMean", "Unsqueeze"}
 
 
-def _may_hold_expansions(graph: ir.Graph) -> bool:
+def _may_hold_expansions(model: ir.Model) -> bool:
     """A quick look (no matching) for the ops only expansions bring: the contrib-op form has none of
     them but a SiLU-shaped Mul(Div(x, d), Sigmoid(Div(x, d)))."""
-    for node in graph:
+    graphs = [model.graph, *(f.graph for f in model.functions.values())]
+    for node in (n for g in graphs for n in ir.traversal.RecursiveGraphIterator(g)):
         if node.op_type in _EXPANSION_OPS:
             return True
         if node.op_type == "Mul" and len(node.inputs) == 2 and None not in node.inputs:

@@ -46,6 +46,7 @@ class _Recorder:
     allowed: set | None  # keys that may be rewritten (None: every provable one)
     names: set  # node names in use, so new names stay unique
     candidates: dict = dataclasses.field(default_factory=dict)  # key -> Candidate
+    elsewhere: dict = dataclasses.field(default_factory=dict)  # root -> Candidate, in a function or subgraph
     maybe_dead: list = dataclasses.field(default_factory=list)  # constants the removed nodes read
 
 
@@ -94,7 +95,10 @@ class _ExpansionRule(RewriteRuleClassBase):
         root = context.root
         key = self._rec.keys.get(root)
         if key is None or context.graph_or_function is not context.model.graph:
-            return _basics.MatchResult().fail("not in the main graph (functions and subgraphs are not rewritten)")
+            reason = "inside a model-local function or a subgraph: expansions are rewritten in the main graph only"
+            group = self.group_name(root) or f"<unnamed {root.op_type}>"
+            self._rec.elsewhere.setdefault(root, Candidate(self.kind, group, reason=reason))
+            return _basics.MatchResult().fail(reason)
         if self._rec.allowed is not None and key not in self._rec.allowed:
             return _basics.MatchResult().fail("left as it is: its block does not fuse")
         try:
