@@ -345,7 +345,8 @@ def test_a_trial_that_fuses_nothing_leaves_the_model_as_it_was():
     before = ir.to_proto(model).SerializeToString()
     report = canonicalize_standard_onnx(model, trial=lambda work: None)
     assert report.canonicalized == [] and len(report.rejected) == 3 * 4 + 3  # 4 expansions a block, 3 in the final mix
-    assert all(item.reason.startswith("its block did not fuse with it") for item in report.rejected)
+    starts = ("its block did not fuse with it", "the next block (")
+    assert all(item.reason.startswith(starts) for item in report.rejected)
     assert ir.to_proto(model).SerializeToString() == before
 
 
@@ -381,3 +382,33 @@ def test_an_expansion_in_a_subgraph_is_left_with_a_reason(hcfuse_lib):
     assert {item.anchor: item.reason for item in report.rejected} == {
         f"{tag}/SiLU": "inside a model-local function or a subgraph: expansions are rewritten in the main graph only"
         for tag in ("then", "else")}
+
+
+def test_expansions_a_fused_block_does_not_absorb_stay():
+    """A fusion that absorbs no prologue (here: one that cannot see HyperConnectionPostMix) fuses the
+    blocks but leaves every rewritten post-mix outside: those are dropped and tried again, and the
+    model keeps its post-mix expansions while the rest is rewritten."""
+    from hcfuse.rewrite.standard_onnx import canonicalize_standard_onnx
+
+    calls = []
+
+    def fusion_without_prologues(work):
+        calls.append(collections.Counter(n.op_type for n in work.graph)[_op.POST_MIX])
+        hidden = [n for n in work.graph if n.op_type == _op.POST_MIX]
+        for node in hidden:
+            node.domain = "hidden"
+        report = fuse_with_report(work)
+        for node in hidden:
+            node.domain = _op.DOMAIN
+        return report
+
+    model = _model(3)
+    report = canonicalize_standard_onnx(model, trial=fusion_without_prologues)
+    assert calls == [3, 0]  # the second trial, without the post-mixes, absorbs everything it was given
+    assert _ops(model)[_op.BRANCH_NORM] == 4 and _ops(model)[_op.POST_MIX] == 0 and _ops(model)["Unsqueeze"] == 6
+    left = _reasons(report)
+    assert sorted(left) == sorted(f"/model/layers.{i // 2}/{('attn', 'mlp')[i % 2]}_hyper_connection/injection"
+                                  for i in range(3))
+    assert all(reason.startswith("the next block (") and reason.endswith("did not absorb it as its prologue")
+               for reason in left.values()), left
+    assert len(report.canonicalized) == 4 * 3

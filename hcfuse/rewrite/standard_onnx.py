@@ -113,15 +113,18 @@ def _rewrite(model: ir.Model, allowed: set | None) -> _Recorder:
     return recorder
 
 
-def _block_anchor(node: ir.Node) -> str | None:
-    """The name of the BranchwiseRMSNorm of the block a rewritten expansion belongs to (the fusion
-    report's anchor): the node itself, the pre-mix's hn producer, the norm upstream of a SiLU (through
-    its down MatMul and Split), or the norm a post-mix feeds (the next block's)."""
+def _block_anchor(node: ir.Node, fused: dict[str, str]) -> str | None:
+    """The BranchwiseRMSNorm name (the fusion report's anchor) of the block a rewritten expansion
+    belongs to: the node itself, the pre-mix's hn producer, the norm upstream of a SiLU (through its
+    down MatMul and Split), or for a post-mix the next block's norm, or its fused node (fused: fused
+    node name -> anchor)."""
     def is_norm(n):
         return n is not None and n.op_type == _op.BRANCH_NORM and n.domain == _op.DOMAIN
 
     if node.op_type == _op.POST_MIX:
-        return next((user.name for user, _ in node.outputs[0].uses() if is_norm(user)), None)
+        users = [user for user, _ in node.outputs[0].uses()]
+        return next((user.name for user in users if is_norm(user)),
+                    next((fused[user.name] for user in users if user.name in fused), None))
     current = node
     for _ in range(4):
         if is_norm(current):
@@ -133,13 +136,17 @@ def _block_anchor(node: ir.Node) -> str | None:
 
 
 def _why_left(candidate: Candidate, trial_result) -> str:
-    anchor = _block_anchor(candidate.node)
-    if anchor is None and candidate.kind == _op.POST_MIX:
+    rejected = {r.anchor: r.reason for r in getattr(trial_result, "rejected", None) or ()}
+    fused = {b.node: b.anchor for b in getattr(trial_result, "fused", None) or ()}
+    anchor = _block_anchor(candidate.node, fused)
+    if candidate.kind != _op.POST_MIX:
+        what = "its block did not fuse with it" + (f" (block {anchor!r})" if anchor else "")
+    elif anchor is None:
         return "no block's norm reads its output: only the next block's fused node can absorb a post-mix"
-    reasons = {r.anchor: r.reason for r in getattr(trial_result, "rejected", None) or ()}
-    detail = reasons.get(anchor)
-    where = f" (block {anchor!r})" if anchor else ""
-    return f"its block did not fuse with it{where}" + (f": {detail}" if detail else "")
+    else:
+        what = f"the next block ({anchor!r}) did not absorb it as its prologue"
+    detail = rejected.get(anchor)
+    return what + (f": {detail}" if detail else "")
 
 
 def _remove_unused_constants(graph: ir.Graph, values: list[ir.Value]) -> None:
