@@ -412,3 +412,20 @@ def test_expansions_a_fused_block_does_not_absorb_stay():
     assert all(reason.startswith("the next block (") and reason.endswith("did not absorb it as its prologue")
                for reason in left.values()), left
     assert len(report.canonicalized) == 4 * 3
+
+
+def test_overridable_norm_weight_fuses_and_its_override_is_followed(hcfuse_lib):
+    """The Mul's weight + 1 becomes the fused node's norm_scale input as it is (nothing is folded), so
+    an overridable one still fuses, and a value fed at run time reaches the fused node."""
+    model = _model(3)
+    weight = model.graph.initializers[f"{B1.lstrip('/').replace('/', '.')}.hc_norm.weight"]
+    model.graph.inputs.append(weight)
+    original, report = _fuse(model)
+    assert len(report.fused) == 4 and report.rejected == []
+    assert weight in [n.inputs[1] for n in model.graph if n.op_type == _op.OP_TYPE]
+    rng = np.random.default_rng(2)
+    feeds = {"inputs_embeds": rng.standard_normal((2, 3, H)).astype(np.float32),
+             weight.name: rng.uniform(0.5, 1.5, C * H).astype(np.float32)}
+    expected = cpu_session(original).run(None, feeds)[0]
+    actual = cpu_session(ir.to_proto(model), hcfuse_lib).run(None, feeds)[0]
+    assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max()
