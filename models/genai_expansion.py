@@ -21,7 +21,9 @@ Everything else is the packed form of models.qwen_decode (the packed down/inject
 up MatMul + Sigmoid, the inject Div/Sigmoid/Mul, `/model/hyper_connection/Tile`, H x H stand-in
 sublayers), with the builder's scalar constants as `/model/constant_nodes/...` Constant nodes. Token
 dims are `batch_size, sequence_length` (reshapes by 0, 0, ...) or, paged, `num_tokens` (by -1, ...);
-every value carries its shape as the builder's make_value writes it (value_info=False drops them).
+every value carries its shape as the builder's make_value writes it (value_info=False drops them),
+except that a Constant's output is declared with its real shape (the builder's make_constant declares
+every constant as [], lists included).
 """
 
 from __future__ import annotations
