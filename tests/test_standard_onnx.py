@@ -429,3 +429,15 @@ def test_overridable_norm_weight_fuses_and_its_override_is_followed(hcfuse_lib):
     expected = cpu_session(original).run(None, feeds)[0]
     actual = cpu_session(ir.to_proto(model), hcfuse_lib).run(None, feeds)[0]
     assert np.abs(actual - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+def test_constants_declared_as_scalars_like_the_builder_does(hcfuse_lib):
+    """The builder's make_constant declares every constant's shape as [] (lists included): the rules
+    read the constants' tensors, not those declarations."""
+    model = _model(3)
+    for node in model.graph:
+        if node.op_type == "Constant":
+            node.outputs[0].shape = ir.Shape([])
+    original, report = _fuse(model)
+    assert len(report.fused) == 4 and report.rejected == []
+    _gap(original, model)
