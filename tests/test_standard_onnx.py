@@ -441,3 +441,15 @@ def test_constants_declared_as_scalars_like_the_builder_does(hcfuse_lib):
     original, report = _fuse(model)
     assert len(report.fused) == 4 and report.rejected == []
     _gap(original, model)
+
+
+def test_shapes_come_from_the_given_shape_function():
+    """shapes= replaces the declared shapes the rules prove with (the fusion's derived shape facts can
+    be plugged in there): a function that knows no shape proves nothing, and nothing changes."""
+    from hcfuse.rewrite.standard_onnx import canonicalize_standard_onnx
+
+    model = _model(2)
+    before = ir.to_proto(model).SerializeToString()
+    report = canonicalize_standard_onnx(model, trial=fuse_with_report, shapes=lambda m: (lambda value: None))
+    assert report.canonicalized == [] and ir.to_proto(model).SerializeToString() == before
+    assert any("is unknown" in item.reason for item in report.rejected)

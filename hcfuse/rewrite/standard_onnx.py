@@ -41,19 +41,23 @@ class StandardOnnxReport:
     rejected: list[Rejection] = dataclasses.field(default_factory=list)
 
 
-def canonicalize_standard_onnx(model: ir.Model, *, trial: Callable[[ir.Model], object]) -> StandardOnnxReport:
+def canonicalize_standard_onnx(
+    model: ir.Model, *, trial: Callable[[ir.Model], object], shapes: Callable[[ir.Model], Callable] | None = None
+) -> StandardOnnxReport:
     """Rewrites (in place) the standard-ONNX expansions of model that the fusion `trial` absorbs.
 
     trial(model) fuses a model in place (hcfuse.rewrite.fuse_with_report); when it returns a report
     with .rejected entries (anchor, reason), their reasons explain the expansions that were left.
     Inside a trial (a copy made here) this does nothing, so trial may be the function that calls it.
+    shapes(model) gives the function value -> dims (int, symbol name or None each; None when the rank
+    is unknown) the rules prove shapes with, for that model; by default the values' declared shapes.
     """
     if model.graph.meta.get(_TRIAL) or not _may_hold_expansions(model):
         return StandardOnnxReport()
     allowed, refused, first = None, {}, None
     while allowed is None or allowed:
         work = model.clone()
-        recorder = _rewrite(work, allowed)
+        recorder = _rewrite(work, allowed, shapes)
         first = first or recorder
         written = {key: c for key, c in recorder.candidates.items() if c.node is not None}
         if not written:  # nothing to try (refused candidates keep their reasons)
@@ -78,7 +82,7 @@ def canonicalize_standard_onnx(model: ir.Model, *, trial: Callable[[ir.Model], o
             report.rejected.append(Rejection(f"StandardOnnx{c.kind}", c.group, reason))
     report.rejected += [Rejection(f"StandardOnnx{c.kind}", c.group, c.reason) for c in first.elsewhere.values()]
     if allowed:
-        recorder = _rewrite(model, allowed)
+        recorder = _rewrite(model, allowed, shapes)
         _remove_unused_constants(model.graph, recorder.maybe_dead)
         report.canonicalized = [c.group for _, c in sorted(recorder.candidates.items()) if c.node is not None]
     return report
@@ -101,11 +105,13 @@ def _may_hold_expansions(model: ir.Model) -> bool:
     return False
 
 
-def _rewrite(model: ir.Model, allowed: set | None) -> _Recorder:
+def _rewrite(model: ir.Model, allowed: set | None, shapes) -> _Recorder:
     """Applies the expansion rules to model's main graph; allowed: keys that may be rewritten."""
     graph = model.graph
     recorder = _Recorder(keys={node: i for i, node in enumerate(graph)}, allowed=allowed,
                          names={node.name for node in graph if node.name})
+    if shapes is not None:
+        recorder.dims = shapes(model)
     make_ruleset(recorder).apply_to_model(model)
     if any(c.node is not None for c in recorder.candidates.values()):
         model.opset_imports.setdefault(_op.DOMAIN, 1)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import onnx_ir as ir
 from onnxscript.rewriter import _basics
@@ -26,8 +27,9 @@ from onnxscript.rewriter._matcher import SimplePatternMatcher
 from onnxscript.rewriter._rewrite_rule import RewriteRule, RewriteRuleClassBase, RewriteRuleSet
 
 from hcfuse import _op
+from hcfuse.rewrite.standard_onnx_facts import dims as declared_dims
 from hcfuse.rewrite.standard_onnx_facts import (
-    FLOAT_TYPES, UnresolvedAttribute, attr, constant_array, describe, dims, int_list, keeps_leading, normalize_axis,
+    FLOAT_TYPES, UnresolvedAttribute, attr, constant_array, describe, int_list, keeps_leading, normalize_axis,
     outside_use, same_dims,
 )
 
@@ -45,6 +47,7 @@ class _Recorder:
     keys: dict  # root node -> its index in the main graph before any rewrite
     allowed: set | None  # keys that may be rewritten (None: every provable one)
     names: set  # node names in use, so new names stay unique
+    dims: Callable[[ir.Value], tuple | None] = declared_dims  # a value's dims (declared, or derived)
     candidates: dict = dataclasses.field(default_factory=dict)  # key -> Candidate
     elsewhere: dict = dataclasses.field(default_factory=dict)  # root -> Candidate, in a function or subgraph
     maybe_dead: list = dataclasses.field(default_factory=list)  # constants the removed nodes read
@@ -143,7 +146,7 @@ def _element_type(*values: ir.Value) -> ir.DataType | str:
     return T if T in FLOAT_TYPES else f"element type must be float, float16 or bfloat16; got {T.name}"
 
 
-def _grouping(reshape_to: ir.Value, x: ir.Value, what: str):
+def _grouping(reshape_to: ir.Value, x: ir.Value, what: str, dims: Callable):
     """(C, H, leading dims) proved for Reshape(x, reshape_to) = x as (..., C, H), else a reason."""
     x_dims = dims(x)
     if x_dims is None or not x_dims:
@@ -184,7 +187,8 @@ class BranchwiseRMSNormExpansion(_ExpansionRule):
         return root.name.rsplit("/", 1)[0] if root.name.endswith("/Scale") else root.name
 
     def prove(self, context, b):
-        grouping = _grouping(b["grouped_to"], b["x"], "the norm input")
+        dims = self._rec.dims
+        grouping = _grouping(b["grouped_to"], b["x"], "the norm input", dims)
         if isinstance(grouping, str):
             return grouping
         C, H, leading = grouping
@@ -236,7 +240,7 @@ class ScaledSiLUExpansion(_ExpansionRule):
             return f"the Div divisor ({describe(b['divisor'])}) is not a true constant"
         if divisor.shape not in ((), (1,)):
             return f"the Div divisor {b['divisor'].name!r} must be a scalar of shape [] or [1]; got {divisor.shape}"
-        x_dims = dims(b["x"])
+        x_dims = self._rec.dims(b["x"])
         if divisor.shape == (1,) and not x_dims:
             return f"the rank of {b['x'].name!r} is unknown or 0: a [1] divisor may change the output's shape"
         value = float(divisor.reshape(-1)[0])
@@ -264,10 +268,11 @@ class PreMixExpansion(_ExpansionRule):
         return op.ReduceMean(weighted, _allow_other_attributes=True)
 
     def prove(self, context, b):
-        hn_grouping = _grouping(b["hn_to"], b["hn"], "hn")
+        dims = self._rec.dims
+        hn_grouping = _grouping(b["hn_to"], b["hn"], "hn", dims)
         if isinstance(hn_grouping, str):
             return hn_grouping
-        g_grouping = _grouping(b["g_to"], b["g"], "the pre-mix gate")
+        g_grouping = _grouping(b["g_to"], b["g"], "the pre-mix gate", dims)
         if isinstance(g_grouping, str):
             return g_grouping
         C, H, leading = hn_grouping
@@ -303,6 +308,7 @@ class PostMixExpansion(_ExpansionRule):
         return op.Add(streams, flat)
 
     def prove(self, context, b):
+        dims = self._rec.dims
         out_dims, gate_dims, stream_dims = dims(b["block_output"]), dims(b["gate"]), dims(b["streams"])
         if None in (out_dims, gate_dims, stream_dims) or not out_dims:
             return ("the shapes of the block output, post gate and streams must be known to prove the post-mix "
