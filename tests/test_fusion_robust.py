@@ -11,7 +11,7 @@ import pytest
 
 from hcfuse import _op
 from hcfuse.rewrite import fuse_with_report
-from models.qwen_decode import make_decode_model
+from hcfuse.models.qwen_decode import make_decode_model
 from tests._compare import cpu_session
 from tests.test_fusion import C, H, R, _fused_nodes, _model, _node, _set_attr
 

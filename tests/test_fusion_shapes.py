@@ -13,7 +13,7 @@ import hcfuse
 from hcfuse import _op
 from hcfuse.rewrite import fuse_with_report
 from hcfuse.rewrite.shape_facts import ShapeFacts
-from models.qwen_decode import make_decode_model
+from hcfuse.models.qwen_decode import make_decode_model
 from tests.test_fusion import C, H, R, _assert_same_outputs, _ops
 
 

@@ -19,7 +19,7 @@ import hcfuse
 from hcfuse import _op
 from hcfuse.rewrite import fuse_with_report, hc_lowrank_mix_rules
 from hcfuse.rewrite.fusion_pass import FusionPassResult
-from models.qwen_decode import make_decode_model
+from hcfuse.models.qwen_decode import make_decode_model
 from tests.test_fusion import CHAIN_OPS, C, H, R, _assert_same_outputs, _ops
 
 

@@ -13,6 +13,8 @@ from hcfuse.rewrite.derived_weights import NameScope
 from hcfuse.rewrite.hc_lowrank_mix import hc_lowrank_mix_rules, make_ruleset
 from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
 from hcfuse.rewrite.session import CheckFailure, FusionSession
+from hcfuse.rewrite.shape_facts import ShapeFacts
+from hcfuse.rewrite.standard_onnx import canonicalize_standard_onnx
 
 
 def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
@@ -24,6 +26,8 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
     from hcfuse.schema import register_schema
 
     register_schema()
+    # ORT GenAI's standard-ONNX expansions as contrib ops, only where the fusion below absorbs them
+    standard = canonicalize_standard_onnx(model, trial=fuse_with_report, shapes=lambda m: ShapeFacts().dims)
     _name_anchors(model)
     session = FusionSession(model)
     count = make_ruleset(session).apply_to_model(model)
@@ -35,6 +39,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
         model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
         model.graph.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
     report.rejected = _rejections(model, session.failures, {block.anchor: block.rule for block in report.fused})
+    report.rejected += standard.rejected
     if debug and not count:
         tracer = _basics.MatchingTracer()
         make_ruleset(FusionSession(model)).apply_to_model(model, tracer=tracer)

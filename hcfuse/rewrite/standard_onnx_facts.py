@@ -1,0 +1,110 @@
+"""What the standard-ONNX rules may read from a graph: true constants and provable shapes.
+
+A true constant is a Constant node's value or an initializer that is not also a graph input (ONNX
+makes such an initializer only a default that a caller may override). Shapes come from the values'
+declared types; a symbolic dim is equal to another only when both carry the same name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from hcfuse import _op
+
+FLOAT_TYPES = {ir.DataType(t) for t in _op.ELEMENT_TYPES}
+Dims = tuple  # of int (static), str (named symbol) or None (unknown)
+
+
+def true_constant(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of a true constant (see the module doc), else None. Never reads a graph input."""
+    if value is None or value.is_graph_input():
+        return None
+    producer = value.producer()
+    if producer is not None and (producer.op_type != "Constant" or producer.domain not in ("", "ai.onnx")):
+        return None
+    if producer is None and not value.is_initializer():
+        return None
+    try:
+        return ir.convenience.get_const_tensor(value)
+    except ValueError:  # a malformed Constant node: not provably a constant
+        return None
+
+
+def constant_array(value: ir.Value | None) -> np.ndarray | None:
+    """true_constant's data as an array, else None."""
+    tensor = true_constant(value)
+    return None if tensor is None else tensor.numpy()
+
+
+def describe(value: ir.Value) -> str:
+    if value.is_graph_input():
+        kind = "graph input (an overridable initializer)" if value.is_initializer() else "graph input"
+        return f"{kind} {value.name!r}"
+    producer = value.producer()
+    if producer is not None:
+        return f"{producer.op_type} output {value.name!r}"
+    return f"initializer {value.name!r}"
+
+
+def dims(value: ir.Value | None) -> Dims | None:
+    """Declared dims of value (None when its rank is unknown)."""
+    if value is None or value.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) else (d.value or None) for d in value.shape.dims)
+
+
+def same_dims(a: Dims, b: Dims) -> bool:
+    """Provably equal: same rank, and every pair the same int or the same named symbol."""
+    return len(a) == len(b) and all(x is not None and x == y for x, y in zip(a, b))
+
+
+def int_list(value: ir.Value | None) -> list[int] | None:
+    """A true constant 1-D int64 tensor as a list (Reshape shapes, axes), else None."""
+    array = constant_array(value)
+    if array is None or array.ndim != 1 or array.dtype != np.int64:
+        return None
+    return [int(v) for v in array]
+
+
+def keeps_leading(codes: list[int], leading: Dims) -> bool:
+    """Whether Reshape target entries `codes` (in front of a fixed tail whose size equals the input's
+    trailing size) reproduce `leading`: each a 0 (copy), the same static size, or one -1 (inferred as
+    the only dim not otherwise fixed)."""
+    if len(codes) != len(leading) or codes.count(-1) > 1:
+        return False
+    return all(c == 0 or c == -1 or (c > 0 and c == d) for c, d in zip(codes, leading))
+
+
+def normalize_axis(axis: int, rank: int) -> int | None:
+    return axis + rank if -rank <= axis < 0 else axis if 0 <= axis < rank else None
+
+
+class UnresolvedAttribute(Exception):
+    """An attribute that refers to an enclosing function's (ref_attr_name): its value is unknown here."""
+
+
+def attr(node: ir.Node, name: str, default):
+    """An attribute's value, or default when absent; raises UnresolvedAttribute for a reference."""
+    found = node.attributes.get(name)
+    if found is None:
+        return default
+    if found.is_ref():
+        raise UnresolvedAttribute(f"{node.op_type} {node.name!r}: attribute {name!r} refers to {found.ref_attr_name!r}")
+    return found.value
+
+
+def outside_use(nodes, outputs) -> str | None:
+    """Why matched nodes cannot all be replaced: a value they compute, other than the match's outputs,
+    that is a graph output or read by another node; else None."""
+    matched, outputs = set(nodes), set(outputs)
+    for node in nodes:
+        for value in node.outputs:
+            if value in outputs:
+                continue
+            if value.is_graph_output():
+                return f"intermediate {value.name!r} is a graph output"
+            for user, _ in value.uses():
+                if user not in matched:
+                    return f"intermediate {value.name!r} is also consumed by {user.op_type} {user.name!r}"
+    return None
