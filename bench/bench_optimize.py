@@ -7,8 +7,11 @@ RSS (ru_maxrss from wait4) are measured, best of --repeat runs. Models of 24/48/
 generated once into --work-dir and removed afterwards unless --keep.
 
 Targets (issue 3): optimize <= 1.5x the floor's time, < 512 MB peak RSS, cost linear in blocks.
+With --without-value-info the models carry no value_info (as many exporters write them): the fusion
+then derives the shapes it needs from the graph, and the table's fused / prologue columns show that
+every block and every prologue (all but block 0's) is still fused.
 
-    python3 bench/bench_optimize.py [--blocks 24 48 96] [--repeat 2] [--work-dir DIR] [--keep]
+    python3 bench/bench_optimize.py [--blocks 24 48 96] [--repeat 2] [--without-value-info] [--work-dir DIR] [--keep]
 
 Prints a markdown table and writes it to bench/out/optimize.md.
 """
@@ -16,6 +19,7 @@ Prints a markdown table and writes it to bench/out/optimize.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -31,8 +35,12 @@ _FLOOR = (
     "ir.save(ir.load(src), dst, external_data=os.path.basename(dst) + '.data')"
 )
 _GENERATE = (
-    "import sys, ml_dtypes; from models.qwen_decode import save_decode_model; "
-    "save_decode_model(sys.argv[1], int(sys.argv[2]), dtype=ml_dtypes.bfloat16)"
+    "import os, sys, ml_dtypes, onnx_ir as ir; from models.qwen_decode import build_decode_model; "
+    "src, blocks, drop = sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1'; "
+    "model = build_decode_model(blocks, dtype=ml_dtypes.bfloat16); "
+    "values = [v for node in model.graph for v in node.outputs if drop and not v.is_graph_output()]; "
+    "[(setattr(v, 'shape', None), setattr(v, 'type', None)) for v in values]; "
+    "ir.save(model, src, external_data=os.path.basename(src) + '.data')"
 )
 
 
@@ -65,35 +73,50 @@ def _best(argv: list[str], output: str, repeat: int) -> tuple[float, float]:
     return min(r[0] for r in runs), max(r[1] for r in runs)
 
 
-def run(blocks: list[int], repeat: int, work_dir: str) -> list[dict]:
+def _fusion_counts(report_path: str) -> tuple[int, int]:
+    """(fused blocks, blocks that absorbed their prologue) from an optimize --report file."""
+    with open(report_path) as f:
+        fused = json.load(f)["fusion"]["fused"]
+    return len(fused), sum(bool(block.get("prologue")) for block in fused)
+
+
+def run(blocks: list[int], repeat: int, work_dir: str, without_value_info: bool = False) -> list[dict]:
     rows = []
     for n in blocks:
-        src = os.path.join(work_dir, f"decode_{n}.onnx")
+        src = os.path.join(work_dir, f"decode_{n}{'_no_value_info' if without_value_info else ''}.onnx")
         gen_s = None
         if not os.path.exists(src + ".data"):
-            gen_s, _ = _measure([sys.executable, "-c", _GENERATE, src, str(n)])
+            gen_s, _ = _measure([sys.executable, "-c", _GENERATE, src, str(n), "1" if without_value_info else "0"])
         weights_gb = os.path.getsize(src + ".data") / 1e9
         out = os.path.join(work_dir, f"out_{n}.onnx")
         _best([sys.executable, "-c", _FLOOR, src, out], out, 1)  # warm the page cache
         floor_s, floor_mb = _best([sys.executable, "-c", _FLOOR, src, out], out, repeat)
-        opt_s, opt_mb = _best([sys.executable, "-m", "hcfuse", "optimize", src, "-o", out], out, repeat)
+        report = os.path.join(work_dir, f"report_{n}.json")
+        opt_s, opt_mb = _best([sys.executable, "-m", "hcfuse", "optimize", src, "-o", out, "--report", report],
+                              out, repeat)
+        fused, prologues = _fusion_counts(report)
+        os.remove(report)
         rows.append(dict(blocks=n, weights_gb=weights_gb, gen_s=gen_s, floor_s=floor_s, floor_mb=floor_mb,
-                         opt_s=opt_s, opt_mb=opt_mb))
-        print(f"{n} blocks: floor {floor_s:.2f} s {floor_mb:.0f} MB, optimize {opt_s:.2f} s {opt_mb:.0f} MB",
-              file=sys.stderr, flush=True)
+                         opt_s=opt_s, opt_mb=opt_mb, fused=fused, prologues=prologues))
+        print(f"{n} blocks: floor {floor_s:.2f} s {floor_mb:.0f} MB, optimize {opt_s:.2f} s {opt_mb:.0f} MB, "
+              f"fused {fused} ({prologues} with their prologue)", file=sys.stderr, flush=True)
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], without_value_info: bool = False) -> str:
     lines = [
+        f"Models {'without' if without_value_info else 'with'} value_info.",
+        "",
         "| blocks | weights (GB) | floor: onnx-ir load + save (s) | floor peak RSS (MB) "
-        "| hcfuse optimize (s) | optimize peak RSS (MB) | time / floor | s per block (optimize) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| hcfuse optimize (s) | optimize peak RSS (MB) | time / floor | s per block (optimize) "
+        "| fused | with prologue |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['blocks']} | {r['weights_gb']:.2f} | {r['floor_s']:.2f} | {r['floor_mb']:.0f} | {r['opt_s']:.2f} "
-            f"| {r['opt_mb']:.0f} | {r['opt_s'] / r['floor_s']:.2f}x | {r['opt_s'] / r['blocks']:.3f} |"
+            f"| {r['opt_mb']:.0f} | {r['opt_s'] / r['floor_s']:.2f}x | {r['opt_s'] / r['blocks']:.3f} "
+            f"| {r['fused']} | {r['prologues']} |"
         )
     worst_ratio = max(r["opt_s"] / r["floor_s"] for r in rows)
     worst_rss = max(r["opt_mb"] for r in rows)
@@ -119,23 +142,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--work-dir", help="where models are generated (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the generated models")
+    parser.add_argument("--without-value-info", action="store_true",
+                        help="generate the models without value_info (shapes only on graph inputs and outputs)")
     args = parser.parse_args(argv)
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="hcfuse-bench-")
     os.makedirs(work_dir, exist_ok=True)
     existing = set(os.listdir(work_dir))
     try:
-        rows = run(args.blocks, args.repeat, work_dir)
+        rows = run(args.blocks, args.repeat, work_dir, args.without_value_info)
     finally:
         if not args.keep:  # remove what this run generated, never what was there before
             for name in set(os.listdir(work_dir)) - existing:
                 os.remove(os.path.join(work_dir, name))
             if not args.work_dir:
                 shutil.rmtree(work_dir, ignore_errors=True)
-    table = markdown(rows)
+    table = markdown(rows, args.without_value_info)
     print(table)
     out_dir = os.path.join(REPO, "bench", "out")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "optimize.md"), "w") as f:
+    name = "optimize_no_value_info.md" if args.without_value_info else "optimize.md"
+    with open(os.path.join(out_dir, name), "w") as f:
         f.write(table)
     return 0
 

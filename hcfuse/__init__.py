@@ -24,6 +24,8 @@ _LAZY = {
     "unfuse": "hcfuse.api",
     "verify": "hcfuse.api",
     "infer_shapes": "hcfuse.ort_symbolic_shape",
+    "HcLowRankMixFusionPass": "hcfuse.rewrite",
+    "hc_lowrank_mix_rules": "hcfuse.rewrite",
 }
 
 __all__ = [

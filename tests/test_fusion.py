@@ -470,3 +470,11 @@ def test_external_data_round_trip(hcfuse_lib, tmp_path):
     ir.save(model, out, external_data="fused.onnx.data")
     onnx.checker.check_model(str(out))
     _assert_same_outputs(onnx.load(str(path)), onnx.load(str(out)), hcfuse_lib)
+
+
+def test_report_says_which_blocks_absorbed_their_prologue():
+    model = _model(4, extra_add_before=(2,))
+    report = fuse_with_report(model).to_dict()
+    prologues = [block["prologue"] for block in report["fused"]]
+    assert prologues == [False, True, False, True, True]  # blocks 0 and 2 (after the extra Add) have none
+    assert all(block["anchor"] and block["node"] for block in report["fused"])

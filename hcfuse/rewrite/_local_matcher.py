@@ -50,9 +50,11 @@ def _fits(pattern_node, node: ir.Node) -> bool:
     return pattern_node.op.matches(node.op_type) and pattern_node.domain.matches(node.domain)
 
 
-class LocalMatcher(SimplePatternMatcher):
-    def match(self, model, graph_or_function, node, *, verbose=0, remove_nodes=True, tracer=None):
-        del remove_nodes  # checked by the rule's check(), which can say why
+class _Attempt(SimplePatternMatcher):
+    """One match() call's matcher: SimplePatternMatcher keeps the match in progress on itself, so each
+    call gets its own (a rule shared by threads never shares a match in progress)."""
+
+    def run(self, model, graph_or_function, node, verbose, tracer):
         self._tracer = tracer
         self._graph = graph_or_function if isinstance(graph_or_function, ir.Graph) else graph_or_function.graph
         output_nodes = self.pattern.output_nodes
@@ -74,3 +76,9 @@ class LocalMatcher(SimplePatternMatcher):
             if best is None or len(match.nodes) > len(best.nodes):
                 best = match
         return best if best is not None else _basics.MatchResult().fail("No candidate nodes for the pattern's outputs.")
+
+
+class LocalMatcher(SimplePatternMatcher):
+    def match(self, model, graph_or_function, node, *, verbose=0, remove_nodes=True, tracer=None):
+        del remove_nodes  # checked by the rule's check(), which can say why
+        return _Attempt(self.pattern).run(model, graph_or_function, node, verbose, tracer)

@@ -9,8 +9,9 @@ import onnx_ir as ir
 from onnxscript.rewriter import _basics
 
 from hcfuse import _op
-from hcfuse.rewrite.hc_lowrank_mix import LOG, CheckFailure, hc_lowrank_mix_rules, hc_lowrank_mix_ruleset
+from hcfuse.rewrite.hc_lowrank_mix import hc_lowrank_mix_rules, make_ruleset
 from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
+from hcfuse.rewrite.session import CheckFailure, FusionSession
 
 
 def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
@@ -23,24 +24,20 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
 
     register_schema()
     _name_anchors(model)
-    LOG.clear()
-    try:
-        count = hc_lowrank_mix_ruleset.apply_to_model(model)
-        report = FusionReport(fused=[FusedBlock(rule, node, replaced, anchor) for rule, node, replaced, anchor in LOG.fused])
-        _remove_dead(model.graph, LOG.maybe_dead)
-        failures = list(LOG.failures)
-    finally:
-        LOG.clear()
+    session = FusionSession(model)
+    count = make_ruleset(session).apply_to_model(model)
+    report = FusionReport(fused=[FusedBlock(f.rule, f.node, f.replaced, f.anchor, f.prologue) for f in session.fused])
+    _remove_dead(session.maybe_dead)
     if count:
-        model.graph.sort()
+        for graph in (*model.graphs(), *(f.graph for f in model.functions.values())):
+            graph.sort()
         model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
         model.graph.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
-    report.rejected = _rejections(model, failures, {block.anchor: block.rule for block in report.fused})
+    report.rejected = _rejections(model, session.failures, {block.anchor: block.rule for block in report.fused})
     if debug and not count:
         tracer = _basics.MatchingTracer()
-        hc_lowrank_mix_ruleset.apply_to_model(model, tracer=tracer)
+        make_ruleset(FusionSession(model)).apply_to_model(model, tracer=tracer)
         tracer.report()
-        LOG.clear()
         for item in report.rejected:
             print(f"hcfuse: {item.anchor}: {item.reason}", file=sys.stderr)
     return report
@@ -62,17 +59,17 @@ def fuse_hc_lowrank_mix(model: ir.Model, debug: bool = False) -> int:
     return len(fuse_with_report(model, debug=debug).fused)
 
 
-def _remove_dead(graph: ir.Graph, values: list[ir.Value]) -> None:
+def _remove_dead(values: list[ir.Value]) -> None:
     """Removes the constants (Constant nodes or initializers) among values that nothing reads any more."""
     for value in dict.fromkeys(values):
-        if value.uses() or value.is_graph_output():
+        if value.uses() or value.is_graph_output() or value.is_graph_input():
             continue
         producer = value.producer()
         if producer is not None:
-            if producer.op_type == "Constant" and producer.graph is graph:
-                graph.remove(producer, safe=True)
-        elif graph.initializers.get(value.name) is value and not value.is_graph_input():
-            del graph.initializers[value.name]
+            if producer.op_type == "Constant" and producer.graph is not None:
+                producer.graph.remove(producer, safe=True)
+        elif value.is_initializer() and value.graph is not None:
+            del value.graph.initializers[value.name]
 
 
 _PARTS = {"Prologue": "prologue", "GateMul": "gate Mul"}  # rule-name tag -> the part it fuses
@@ -96,20 +93,21 @@ def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, 
             continue
         blocking = [f for f in items if not f.prologue_only] or items
         out.append(Rejection(blocking[0].rule, anchor, blocking[0].reason))
-    for node in model.graph:
-        if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
-            out.append(Rejection("", node.name, _structural_reason(model, node)))
+    for where in (model.graph, *model.functions.values()):
+        for node in where:
+            if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
+                out.append(Rejection("", node.name, _structural_reason(model, where, node)))
     return out
 
 
-def _structural_reason(model: ir.Model, norm: ir.Node) -> str:
+def _structural_reason(model: ir.Model, where: ir.Graph | ir.Function, norm: ir.Node) -> str:
     """Why no rule's pattern fits the nodes around an unfused BranchwiseRMSNorm (its nearest miss)."""
     pre_mixes = [user for user, _ in norm.outputs[0].uses() if user.op_type == _op.PRE_MIX]
     if not pre_mixes:
         return f"its output is not consumed by a {_op.PRE_MIX}: not a hyper-connection block"
     best = None
     for rule in hc_lowrank_mix_rules:
-        match = rule._matcher.match(model, model.graph, pre_mixes[0])
+        match = rule._matcher.match(model, where, pre_mixes[0])
         if not match and (best is None or len(match.nodes) > len(best.nodes)):
             best = match
     if best is None:

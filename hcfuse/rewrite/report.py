@@ -14,9 +14,11 @@ class FusedBlock:
     node: str
     replaced: tuple[str, ...]
     anchor: str = ""  # the block's BranchwiseRMSNorm
+    prologue: bool = False  # the block absorbed its prologue (the HyperConnectionPostMix in front of it)
 
     def to_dict(self) -> dict:
-        return {"rule": self.rule, "node": self.node, "anchor": self.anchor, "replaced": list(self.replaced)}
+        return {"rule": self.rule, "node": self.node, "anchor": self.anchor, "prologue": self.prologue,
+                "replaced": list(self.replaced)}
 
 
 @dataclasses.dataclass(frozen=True)

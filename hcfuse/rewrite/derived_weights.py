@@ -1,0 +1,124 @@
+"""Weights the fused node needs in another layout than the model stores them, computed lazily.
+
+- the halves of ORT GenAI's packed [C*H, R+C] down/inject weight,
+- a (C, H) or (H) norm scale as the fused op's (C*H),
+- the zero inject weight of the final mix (which has no inject half).
+
+Each derived initializer is keyed by what it is derived from and its layout (kind, source value, C,
+element type), so blocks that share a source share the derived weight only when the layout agrees too
+(two blocks of different C sharing one (H) scale get two). Its name is new in the whole model.
+Nothing is read to fuse: the data is computed when the model is saved or serialized.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+_KEY = "hcfuse.derived_weight"  # Value.meta key (in memory only) holding the derivation key
+
+
+class NameScope:
+    """Names taken anywhere in a model (values and nodes of the graph, its subgraphs and its
+    functions); fresh() hands out names that alias none of them. Scans the model when first asked."""
+
+    def __init__(self, model: ir.Model):
+        self._model = model
+        self._taken: set[str] | None = None
+
+    def _scan(self) -> set[str]:
+        taken: set[str] = set()
+        graphs = [*self._model.graphs()]
+        for function in self._model.functions.values():
+            graphs += [function, *function.subgraphs()]
+        for graph in graphs:
+            taken.update(v.name for v in graph.inputs if v.name)
+            taken.update(v.name for v in graph.outputs if v.name)
+            if isinstance(graph, ir.Graph):
+                taken.update(graph.initializers)
+            for node in graph:
+                if node.name:
+                    taken.add(node.name)
+                taken.update(v.name for v in node.outputs if v.name)
+        return taken
+
+    def fresh(self, base: str) -> str:
+        if self._taken is None:
+            self._taken = self._scan()
+        name, n = base, 0
+        while name in self._taken:
+            n += 1
+            name = f"{base}.{n}"
+        self._taken.add(name)
+        return name
+
+
+class DerivedWeights:
+    """The derived initializers of one call, found by key: those already in a graph (indexed once per
+    graph, so a later call, or a later match with the stateless rules, reuses them) and new ones."""
+
+    def __init__(self, model: ir.Model):
+        self.names = NameScope(model)
+        self._index: dict[ir.Graph, dict[tuple, ir.Value]] = {}
+
+    def get(self, op, graph: ir.Graph, key: tuple, base: str, dtype: ir.DataType, shape: tuple, make) -> ir.Value:
+        index = self._index.get(graph)
+        if index is None:
+            index = self._index[graph] = {v.meta[_KEY]: v for v in graph.initializers.values() if _KEY in v.meta}
+        value = index.get(key)
+        if value is None:
+            name = self.names.fresh(base)
+            tensor = ir.LazyTensor(lambda: make(name), dtype=dtype, shape=ir.Shape(shape), name=name)
+            value = index[key] = op.initializer(tensor, name)
+            value.meta[_KEY] = key
+        return value
+
+
+def packed_halves(op, graph: ir.Graph, weights: DerivedWeights, packed: ir.Value, R: int, C: int,
+                  dtype: ir.DataType) -> tuple[ir.Value, ir.Value]:
+    """(down [C*H, R], inject [C*H, C]) sliced from a constant packed [C*H, R+C] weight."""
+    source = packed.const_value
+    CH = source.shape[0]
+
+    def half(columns: slice):
+        def make(name: str) -> ir.Tensor:
+            tensor = source
+            if isinstance(source, ir.ExternalTensor):
+                # A mapping of its own per half: parallel writers evaluate both halves at once, and
+                # releasing a shared mapping under the other one fails.
+                tensor = ir.ExternalTensor(source.location, source.offset, source.length, source.dtype,
+                                           shape=source.shape, name=source.name, base_dir=source.base_dir)
+            data = np.ascontiguousarray(tensor.numpy()[:, columns])
+            if tensor is not source:
+                tensor.release()  # unmap the packed weight: peak memory stays one tensor, not the model
+            return ir.tensor(data, name=name)
+
+        return make
+
+    down = weights.get(op, graph, ("packed.down", packed, R, C), f"{packed.name}.down", dtype, (CH, R),
+                    half(slice(0, R)))
+    inject = weights.get(op, graph, ("packed.inject", packed, R, C), f"{packed.name}.inject", dtype, (CH, C),
+                      half(slice(R, R + C)))
+    return down, inject
+
+
+def flat_norm_scale(op, graph: ir.Graph, weights: DerivedWeights, scale: ir.Value, layout: str, C: int,
+                    H: int) -> ir.Value:
+    """A constant (C, H) ("grouped") or (H) ("shared") norm scale as the fused op's (C*H)."""
+    source = scale.const_value
+    if layout == "grouped":
+        make = lambda name: ir.tensor(np.ascontiguousarray(source.numpy().reshape(-1)), name=name)  # noqa: E731
+    else:
+        make = lambda name: ir.tensor(np.tile(source.numpy(), C), name=name)  # noqa: E731
+    return weights.get(op, graph, ("norm." + layout, scale, C, H), f"{scale.name}.flat", source.dtype,
+                    (C * H,), make)
+
+
+def zero_inject(op, graph: ir.Graph, weights: DerivedWeights, C: int, H: int, dtype: ir.DataType) -> ir.Value:
+    """The final mix has no inject half: pre_output does not depend on the inject weight, so a zero
+    weight (post_gate = sigmoid(0)) leaves it unchanged and the unused post_gate is never read."""
+    CH = C * H
+    np_dtype = dtype.numpy()
+    make = lambda name: ir.tensor(np.zeros((CH, C), dtype=np_dtype), name=name)  # noqa: E731
+    return weights.get(op, graph, ("zero_inject", None, C, H, dtype), f"hcfuse.zero_inject_weight.{CH}x{C}.{dtype.name}",
+                    dtype, (CH, C), make)

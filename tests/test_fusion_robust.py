@@ -1,0 +1,180 @@
+"""Valid models that used to make optimize raise or come out broken (issue 10 item 6): the grouped
+form, chains inside model-local functions, reference attributes, a (..., C, H) post_mix with H == C,
+and a condition only the fused op's run-time validation checks (R >= 1). Each is fused where that is
+provably right, or left with a reason; the optimized model runs in onnxruntime and matches."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+from hcfuse import _op
+from hcfuse.rewrite import fuse_with_report
+from models.qwen_decode import make_decode_model
+from tests._compare import cpu_session
+from tests.test_fusion import C, H, R, _fused_nodes, _model, _node, _set_attr
+
+
+def _run(model: ir.Model, library, feeds):
+    return cpu_session(ir.to_proto(model), library).run(None, feeds)
+
+
+def _assert_same(original: ir.Model, fused: ir.Model, library, feeds):
+    for got, want in zip(_run(fused, library, feeds), _run(original, None, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def _embeds(*leading):
+    return {"inputs_embeds": np.random.default_rng(1).standard_normal((*leading, H)).astype(np.float32)}
+
+
+def test_grouped_form_is_left_with_a_reason():
+    model = _model(2)
+    for op in (_op.BRANCH_NORM, _op.PRE_MIX):
+        _set_attr(_node(model, op, 1), "num_branches", 0)
+    anchor = _node(model, _op.BRANCH_NORM, 1).name
+    report = fuse_with_report(model)  # was ZeroDivisionError
+    assert len(report.fused) == 2
+    [rejected] = report.rejected
+    assert rejected.anchor == anchor
+    assert "num_branches=0 (the grouped form" in rejected.reason
+
+
+def _into_function(model: ir.Model, *, typed_inputs: bool, attributes=()) -> ir.Function:
+    """Moves every node of model into a model-local function local::HcBlocks that the graph calls."""
+    graph = model.graph
+    outer = [graph.inputs[0], *graph.initializers.values()]
+    inner = [ir.Value(name=v.name, type=v.type if typed_inputs else None, shape=v.shape if typed_inputs else None)
+             for v in outer]
+    for old, new in zip(outer, inner):
+        for user, index in list(old.uses()):
+            user.replace_input_with(index, new)
+    [out] = graph.outputs
+    graph.outputs.clear()
+    nodes = list(graph)
+    for node in nodes:
+        graph.remove(node)
+    body = ir.Graph(inner, [out], nodes=nodes, opset_imports={"": 21, _op.DOMAIN: 1})
+    function = ir.Function("local", "HcBlocks", "", graph=body, attributes=list(attributes))
+    model.functions[function.identifier()] = function
+    call = ir.node("HcBlocks", outer, domain="local", name="call")
+    call.outputs[0].name, call.outputs[0].type, call.outputs[0].shape = "hidden_states", out.type, out.shape
+    graph.append(call)
+    graph.outputs.append(call.outputs[0])
+    graph.opset_imports["local"] = 1
+    model.opset_imports["local"] = 1
+    return function
+
+
+def test_chain_inside_a_function_is_fused_there(hcfuse_lib):
+    original = _model(2, packed=False, final_mix=False)
+    _into_function(original, typed_inputs=True)
+    model = original.clone()
+    report = fuse_with_report(model)  # was AttributeError: 'Function' object has no attribute 'initializers'
+    assert len(report.fused) == 2 and report.rejected == []
+    body = next(iter(model.functions.values()))
+    assert [n.op_type for n in body].count(_op.OP_TYPE) == 2
+    _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
+
+
+def test_chain_inside_a_function_that_needs_a_new_initializer_is_left(hcfuse_lib):
+    original = _model(1, packed=False, final_mix=True)  # the final mix needs a zero inject weight
+    _into_function(original, typed_inputs=True)
+    model = original.clone()
+    report = fuse_with_report(model)
+    assert len(report.fused) == 1
+    [rejected] = report.rejected
+    assert "inside function local::HcBlocks" in rejected.reason and "zero inject weight" in rejected.reason
+    _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
+
+
+def test_chain_inside_a_function_with_untyped_inputs_is_left_with_a_reason(hcfuse_lib):
+    original = _model(1, packed=False, final_mix=False)
+    _into_function(original, typed_inputs=False)
+    model = original.clone()
+    report = fuse_with_report(model)
+    assert report.fused == []
+    [rejected] = report.rejected
+    assert "must be a 2-D weight of known shape; got None" in rejected.reason
+    _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
+
+
+def test_reference_attribute_is_left_with_a_reason(hcfuse_lib):
+    original = _model(1, packed=False, final_mix=False)
+    function = _into_function(original, typed_inputs=True,
+                              attributes=[ir.Attr("eps", ir.AttributeType.FLOAT, 1e-5)])
+    norm = next(n for n in function if n.op_type == _op.BRANCH_NORM)
+    norm.attributes["epsilon"] = ir.RefAttr("epsilon", "eps", ir.AttributeType.FLOAT)
+    call = _node(original, "HcBlocks")
+    call.attributes["eps"] = ir.AttrFloat32("eps", 1e-6)
+    model = original.clone()
+    report = fuse_with_report(model)  # was TypeError
+    assert report.fused == []
+    [rejected] = report.rejected
+    assert "attribute epsilon of BranchwiseRMSNorm" in rejected.reason and "'eps'" in rejected.reason
+    _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
+
+
+def test_per_feature_post_mix_with_h_equal_to_c_is_not_absorbed(hcfuse_lib):
+    """post_mix (rows, C, H) with H == C ends in C like a (..., C) gate; with prev_block_output's shape
+    unknown only the rank of streams tells the two apart."""
+    h = c = 4
+    original = ir.from_proto(make_decode_model(2, C=c, H=h, R=R, leading_dims=("rows",)))
+    post = _node(original, _op.POST_MIX, 0)  # the prologue of block 1
+    gate = ir.Value(name="post_mix", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["rows", c, h]))
+    block_output = ir.Value(name="block_output", type=ir.TensorType(ir.DataType.FLOAT))
+    original.graph.inputs.extend([gate, block_output])
+    post.replace_input_with(1, block_output)
+    post.replace_input_with(2, gate)
+    model = original.clone()
+    report = fuse_with_report(model)
+    assert len(report.fused) == 2
+    [rejected] = report.rejected
+    assert rejected.reason.startswith("prologue not fused: post_mix 'post_mix' must be (..., 4) with the leading dims")
+    assert not report.fused[1].prologue
+    rng = np.random.default_rng(2)
+    feeds = {"inputs_embeds": rng.standard_normal((3, h)).astype(np.float32),
+             "post_mix": rng.standard_normal((3, c, h)).astype(np.float32),
+             "block_output": rng.standard_normal((3, h)).astype(np.float32)}
+    _assert_same(original, model, hcfuse_lib, feeds)  # was: "prev_post_gate must be (..., C) ... got (3, 4, 4)"
+
+
+def test_rank_zero_is_left_because_the_fused_op_needs_r_at_least_one(hcfuse_lib):
+    original = _model(1, packed=False)
+    for index, shape in ((0, (C * H, 0)), (2, (0, C * H))):  # down and up MatMuls of block 0
+        weight = _node(original, "MatMul", index).inputs[1]
+        weight.const_value, weight.shape = ir.tensor(np.zeros(shape, np.float32)), ir.Shape(shape)
+    for value in (_node(original, "MatMul", 0).outputs[0], _node(original, _op.SCALED_SILU, 0).outputs[0]):
+        value.shape = ir.Shape(["batch", "seq", 0])
+    model = original.clone()
+    report = fuse_with_report(model)
+    assert len(report.fused) == 1  # the final mix
+    [rejected] = report.rejected
+    assert "R >= 1" in rejected.reason
+    _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
+
+
+@pytest.mark.parametrize("mutate", ["norm_C_float", "epsilon_string"])
+def test_odd_attribute_types_give_reasons(mutate):
+    model = _model(2)
+    norm = _node(model, _op.BRANCH_NORM, 1)
+    if mutate == "norm_C_float":
+        norm.attributes["num_branches"] = ir.AttrFloat32("num_branches", 4.0)
+    else:
+        norm.attributes["epsilon"] = ir.AttrString("epsilon", "tiny")
+    report = fuse_with_report(model)
+    assert len(report.fused) == 2
+    [rejected] = report.rejected
+    assert "must be" in rejected.reason and "internal error" not in rejected.reason
+    assert _fused_nodes(model)
+
+
+def test_a_block_in_a_function_that_differs_from_the_stock_block_gets_a_reason():
+    model = _model(1, packed=False, final_mix=False)
+    function = _into_function(model, typed_inputs=True)
+    next(n for n in function if n.op_type == "Sigmoid").op_type = "Tanh"
+    report = fuse_with_report(model)
+    assert report.fused == []
+    [rejected] = report.rejected
+    assert rejected.anchor.endswith("hc_norm") and "differ from the stock block" in rejected.reason
