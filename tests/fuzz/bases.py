@@ -29,12 +29,13 @@ class Base:
     lead: tuple  # the concrete leading dims fed at run time
     options: dict  # the remaining make_decode_model options
     prologue_first: bool  # block 0 gets a prologue reading graph inputs
+    opset: int = 21  # of the default domain (Split takes its sizes as an input from 13 on)
 
     def describe(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         return (f"{self.num_blocks} blocks C={self.C} H={self.H} R={self.R} {np.dtype(self.dtype).name} "
                 f"{'packed' if self.packed else 'separate'} lead={self.leading_dims}->{self.lead} "
-                f"{'prologue-first ' if self.prologue_first else ''}{opts}")
+                f"{'prologue-first ' if self.prologue_first else ''}opset {self.opset} {opts}")
 
 
 def random_base(rng: np.random.Generator) -> Base:
@@ -63,14 +64,19 @@ def random_base(rng: np.random.Generator) -> Base:
         options["num_weight_sets"] = 1  # every block reads the same weights
     if num_blocks > 1 and rng.random() < 0.15:
         options["extra_add_before"] = (int(rng.integers(1, num_blocks)),)
-    return Base(num_blocks, C, H, R, DTYPES[int(rng.integers(len(DTYPES)))], bool(rng.random() < 0.6),
-                leading, lead, options, bool(rng.random() < 0.3))
+    dtype, packed, prologue_first = DTYPES[int(rng.integers(len(DTYPES)))], bool(rng.random() < 0.6), bool(rng.random() < 0.3)
+    if rng.random() < 0.08 and any(isinstance(d, str) for d in leading):
+        first = next(i for i, d in enumerate(leading) if isinstance(d, str))
+        lead = tuple(0 if i == first else d for i, d in enumerate(lead))  # zero rows
+    opset = int(rng.choice([21, 21, 21, 18, 17, 13]))
+    return Base(num_blocks, C, H, R, dtype, packed, leading, lead, options, prologue_first, opset)
 
 
 def build(base: Base) -> ir.Model:
     proto = make_decode_model(base.num_blocks, C=base.C, H=base.H, R=base.R, dtype=base.dtype, packed=base.packed,
                               leading_dims=base.leading_dims, **base.options)
     model = ir.from_proto(proto)
+    model.opset_imports[""] = base.opset
     if base.prologue_first:
         _add_leading_prologue(model, base)
     return model

@@ -276,13 +276,13 @@ def const_nonconst(model, ctx):
     if form == "value_floats" and role == "silu_scale":
         form = "value_float"
     if form == "graph_input":
-        new = _graph_input(model, ctx, ctx.name(role), np.array(v * ctx.rng.uniform(0.5, 1.5), ctx.np_T).reshape(shape))
+        new = _graph_input(model, ctx, ctx.name(role), np.full(shape, v * ctx.rng.uniform(0.5, 1.5), ctx.np_T))
     elif form == "value_float":
         new = _constant_node(model, node, ctx.name(role), {"value_float": v}, ctx.T, ())
     elif form == "value_floats":
         new = _constant_node(model, node, ctx.name(role), {"value_floats": [v]}, ctx.T, (1,))
     else:
-        const = _initializer(model, ctx.name(role + "_src"), np.array(v, ctx.np_T).reshape(shape))
+        const = _initializer(model, ctx.name(role + "_src"), np.full(shape, v, ctx.np_T))
         if form == "neg_neg":
             const = _add_node(model, node, "Neg", [const], dtype=ctx.T, shape=shape, name=ctx.name(role + "_neg"))
         new = _add_node(model, node, "Neg" if form == "neg_neg" else "Identity", [const], dtype=ctx.T, shape=shape,
@@ -656,6 +656,107 @@ def in_function(model, ctx):
     return f"in_function:{'ref ' + ref if ref else 'plain'}"
 
 
+def in_if(model, ctx):
+    """The whole chain inside both branches of an If on a boolean graph input (a subgraph reading the
+    main graph's inputs and initializers from the outer scope); the feed picks a branch."""
+    if ctx.late:
+        return None  # one wrapper
+    flag = bool(ctx.rng.random() < 0.5)
+    cond = ir.Value(name="fuzz_cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    model.graph.inputs.append(cond)
+    ctx.feeds["fuzz_cond"] = np.array(flag)
+    ctx.late.append((_wrap_in_if, ()))
+    return f"in_if:{'then' if flag else 'else'} branch"
+
+
+def _branch(graph: onnx.GraphProto, tag: str) -> onnx.GraphProto:
+    """graph's nodes as an If branch: values it computes renamed tag/..., outer-scope names kept."""
+    outer = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    rename = {}
+
+    def name(n: str) -> str:
+        return n if not n or n in outer else rename.setdefault(n, f"{tag}/{n}")
+
+    nodes = []
+    for node in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = f"{tag}/{node.name}" if node.name else ""
+        copy.input[:] = [name(n) for n in node.input]
+        copy.output[:] = [name(n) for n in node.output]
+        nodes.append(copy)
+    infos = []
+    for value in [*graph.value_info, *graph.output]:
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(value)
+        info.name = name(value.name)
+        infos.append(info)
+    outputs, value_info = infos[len(graph.value_info):], infos[:len(graph.value_info)]
+    return onnx.helper.make_graph(nodes, tag, [], outputs, value_info=value_info)
+
+
+def _wrap_in_if(proto: onnx.ModelProto) -> None:
+    graph = proto.graph
+    then_branch, else_branch = _branch(graph, "then"), _branch(graph, "else")
+    node = onnx.helper.make_node("If", ["fuzz_cond"], [v.name for v in graph.output], name="fuzz_if",
+                                 then_branch=then_branch, else_branch=else_branch)
+    del graph.node[:]
+    graph.node.append(node)
+    del graph.value_info[:]
+
+
+def node_names(model, ctx):
+    """Nodes without names (exporters leave them out; one name on every node onnxruntime refuses)."""
+    for node in model.graph:
+        node.name = ""
+    return "node_names:empty"
+
+
+def two_chains(model, ctx):
+    """A second, independent chain of another C (same H and type) in the same graph; maybe one (H) norm
+    scale shared by a block of each (flattened once per C), or one packed weight name prefix."""
+    from tests.fuzz.bases import build
+
+    base = ctx.base
+    C2 = 2 if base.C != 2 else 4
+    other = dataclasses.replace(base, C=C2, R=int(ctx.rng.choice([2, 4, 8])), prologue_first=False,
+                                num_blocks=int(ctx.rng.integers(1, 3)),
+                                options={**base.options, "weights_as_inputs": False, "tile_embeddings": True,
+                                         "extra_add_before": ()})
+    graph = build(other).graph
+    prefix = ctx.name("chain") + "/"
+    for value in [*graph.inputs, *graph.initializers.values()]:
+        value.name = prefix + value.name
+    nodes = list(graph)
+    for node in nodes:
+        node.name = prefix + node.name
+        for value in node.outputs:
+            value.name = prefix + value.name
+    inputs, outputs, inits = list(graph.inputs), list(graph.outputs), list(graph.initializers.values())
+    graph.inputs.clear()
+    graph.outputs.clear()
+    graph.initializers.clear()
+    graph.remove(nodes)
+    model.graph.extend(nodes)
+    model.graph.inputs.extend(inputs)
+    model.graph.outputs.extend(outputs)
+    for value in inits:
+        model.graph.register_initializer(value)
+    (embeds,) = inputs
+    ctx.feeds[embeds.name] = _random_like(ctx, (*base.lead, base.H))
+    shared = ""
+    if ctx.rng.random() < 0.6:
+        mine, theirs = ctx.pick(blocks(model)[:base.num_blocks]), ctx.pick(blocks(model)[base.num_blocks:])
+        if mine is not None and theirs is not None and mine.get("scale") is not None:
+            tensor = ir.convenience.get_const_tensor(mine["scale"])
+            if tensor is not None and tensor.shape.dims[-1] % base.H == 0:
+                scale = _initializer(model, ctx.name("shared_scale_h"), np.asarray(tensor.numpy()).reshape(-1)[:base.H])
+                mine["norm"].replace_input_with(1, scale)
+                theirs["norm"].replace_input_with(1, scale)
+                shared = " sharing an (H) scale"
+    return f"two_chains:C={C2}{shared}"
+
+
 def _wrap_in_function(proto: onnx.ModelProto, ref: str | None) -> None:
     graph = proto.graph
     inits = {t.name for t in graph.initializer}
@@ -695,5 +796,5 @@ MUTATIONS = {
     f.__name__: f
     for f in (swap_inputs, attr_change, grouped_form, const_shape, const_nonconst, overridable, norm_layout, extra_consumer,
               extra_output, replace_op, split_change, shared_weight, transposed_weight, wrong_producer,
-              name_clash, strip_shapes, postmix_form, in_function)
+              name_clash, strip_shapes, postmix_form, in_function, in_if, node_names, two_chains)
 }
