@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 
 from hcfuse import _op
+from hcfuse.rewrite import FusionReport
 from tests.fuzz import run
 from tests.fuzz.mutations import MUTATIONS
 
@@ -113,3 +116,32 @@ def test_every_mutation_kind_makes_runnable_mutants(hcfuse_lib, kind):
     outcomes = [run.check(run.make_mutant(2, i, exclude=others), options) for i in range(12)]
     assert any(kind in o.mutant.kinds and o.status != "discarded" for o in outcomes), \
         [(o.mutant.labels, o.status, o.detail) for o in outcomes]
+
+
+def _bfloat16_mutant(exclude=()) -> run.Mutant:
+    for index in range(200):
+        if np.random.default_rng([0, index, 3]).random() < run.BFLOAT16_SHARE:
+            mutant = run.make_mutant(0, index, exclude)
+            if not run._packed_weight_inputs(mutant.base):
+                return mutant
+    raise AssertionError("no bfloat16 mutant in 200")
+
+
+def test_bfloat16_mutant_is_checked_through_its_float32_twin(hcfuse_lib, monkeypatch):
+    """onnxruntime's CPU cannot run the bfloat16 stock chain: the float32 twin (same mutations) runs the
+    differential check and the bfloat16 mutant must fuse the same blocks; a pass that decides by type fails."""
+    mutant = _bfloat16_mutant(exclude=tuple(MUTATIONS))
+    assert mutant.base.dtype == run.BFLOAT16 and mutant.twin.base.dtype == np.float32
+    assert mutant.labels == mutant.twin.labels
+    options = run.session_options(hcfuse_lib)
+    outcome = run.check(mutant, options)
+    assert outcome.status == "ok" and outcome.fused == outcome.blocks > 0, outcome.describe()
+    optimize = run._optimize
+
+    def float32_only(model):
+        if model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16:
+            return model, FusionReport()
+        return optimize(model)
+
+    monkeypatch.setattr(run, "_optimize", float32_only)
+    assert run.check(mutant, options).status == "dtype_dependent"

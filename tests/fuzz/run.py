@@ -21,6 +21,7 @@ import re
 import sys
 import time
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -34,7 +35,9 @@ from tests.fuzz.mutations import MUTATIONS, Context
 # mutations per mutant: mostly one, some none (the valid base: every block must fuse), some several
 _MUTATION_COUNTS = (0, 1, 1, 1, 1, 2, 2, 3)
 # finding kinds (Outcome.status other than "ok" / "discarded")
-FINDINGS = ("raised", "invalid_model", "ort_error", "mismatch", "missed_base", "report_gap")
+FINDINGS = ("raised", "invalid_model", "ort_error", "mismatch", "missed_base", "report_gap", "dtype_dependent")
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+BFLOAT16_SHARE = 0.1
 
 
 @dataclasses.dataclass
@@ -47,6 +50,7 @@ class Mutant:
     feeds: dict  # values of the graph inputs the mutations added
     input_shapes: dict  # name -> concrete shape of the base's graph inputs (a mutation may drop a shape)
     weight_inputs: frozenset  # the base's weights fed as graph inputs
+    twin: Mutant | None = None  # a bfloat16 mutant's float32 twin
 
     @property
     def kinds(self) -> list[str]:
@@ -69,10 +73,18 @@ class Outcome:
         return f"[{self.status}] {self.mutant.describe()}\n    {self.detail}"
 
 
-def make_mutant(seed: int, index: int, exclude: tuple = ()) -> Mutant:
-    """Mutant `index` of `seed` (the same model every time); exclude: mutation kinds never applied."""
+def make_mutant(seed: int, index: int, exclude: tuple = (), dtype=None) -> Mutant:
+    """Mutant `index` of `seed` (the same model every time); exclude: mutation kinds never applied.
+
+    BFLOAT16_SHARE of the mutants are bfloat16, with a float32 twin: the same mutant in float32 (the
+    mutations draw the same random numbers whatever the type)."""
     rng = np.random.default_rng([seed, index])
     base = random_base(rng)
+    twin = None
+    if dtype is None and np.random.default_rng([seed, index, 3]).random() < BFLOAT16_SHARE:
+        twin, dtype = make_mutant(seed, index, exclude, dtype=np.float32), BFLOAT16
+    if dtype is not None:
+        base = dataclasses.replace(base, dtype=dtype)
     model = build(base)
     sizes = dict(zip(base.leading_dims, base.lead))
     shapes = {v.name: tuple(sizes.get(d.value, d) if isinstance(d, ir.SymbolicDim) else d for d in v.shape)
@@ -95,7 +107,7 @@ def make_mutant(seed: int, index: int, exclude: tuple = ()) -> Mutant:
     proto = ir.to_proto(model)
     for fn, args in ctx.late:
         fn(proto, *args)
-    return Mutant(seed, index, base, labels, proto, ctx.feeds, shapes, weights)
+    return Mutant(seed, index, base, labels, proto, ctx.feeds, shapes, weights, twin)
 
 
 def _feeds(mutant: Mutant, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -166,6 +178,8 @@ def count_blocks(model: onnx.ModelProto) -> int:
 
 def check(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
     """The differential check of one mutant (see the module doc)."""
+    if mutant.twin is not None:
+        return _check_bfloat16(mutant, options)
     try:
         onnx.checker.check_model(mutant.model)
         feeds = _feeds(mutant, np.random.default_rng([mutant.seed, mutant.index, 1]))
@@ -209,6 +223,36 @@ def check(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
     if len(left) != blocks - out.fused:
         return dataclasses.replace(out, status="report_gap", detail=f"{blocks - out.fused} of {blocks} blocks left "
                                                                     f"unfused, {len(left)} rejections: {left}")
+    return out
+
+
+def _check_bfloat16(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
+    """The float32 twin gets the differential check; the bfloat16 mutant, which onnxruntime's CPU cannot
+    run, must then fuse the same blocks for the same reasons (where the mutations are the same: a
+    Constant with value_float exists in float32 only), raise nothing and give a valid model."""
+    twin = check(mutant.twin, options)
+    if twin.status != "ok":
+        detail = twin.detail if twin.status == "discarded" else f"float32 twin: {twin.detail}"
+        return dataclasses.replace(twin, mutant=mutant, detail=detail)
+    try:
+        onnx.checker.check_model(mutant.model)
+    except Exception as e:  # noqa: BLE001
+        return Outcome(mutant, "discarded", _first_line(e))
+    blocks = count_blocks(mutant.model)
+    try:
+        optimized, report = _optimize(mutant.model)
+    except Exception as e:  # noqa: BLE001
+        return Outcome(mutant, "raised", _first_line(e), blocks)
+    out = Outcome(mutant, "ok", "bfloat16: the pass only", blocks, len(report.fused),
+                  [item.reason for item in report.rejected])
+    try:
+        onnx.checker.check_model(optimized)
+    except Exception as e:  # noqa: BLE001
+        return dataclasses.replace(out, status="invalid_model", detail=_first_line(e))
+    decisions = (out.fused, sorted(map(reason_class, out.rejections)))
+    if mutant.labels == mutant.twin.labels and decisions != (twin.fused, sorted(map(reason_class, twin.rejections))):
+        return dataclasses.replace(out, status="dtype_dependent", detail=f"bfloat16 {decisions}, float32 twin "
+                                                                         f"{(twin.fused, twin.rejections)}")
     return out
 
 
@@ -259,6 +303,9 @@ class Summary:
         for o in self.outcomes:
             for kind in dict.fromkeys(o.mutant.kinds):
                 by_kind[kind][o.status] += 1
+        bf16 = [o for o in ran if o.mutant.twin is not None]
+        lines.append(f"  of those, bfloat16: {len(bf16)} (the pass only: their float32 twins ran the differential "
+                     f"check; same fusions and reasons required)")
         lines.append("  by mutation kind (status: count):")
         for kind in sorted(by_kind):
             lines.append(f"    {kind:18s} " + ", ".join(f"{s} {n}" for s, n in sorted(by_kind[kind].items())))
