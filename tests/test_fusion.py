@@ -478,3 +478,16 @@ def test_report_says_which_blocks_absorbed_their_prologue():
     prologues = [block["prologue"] for block in report["fused"]]
     assert prologues == [False, True, False, True, True]  # blocks 0 and 2 (after the extra Add) have none
     assert all(block["anchor"] and block["node"] for block in report["fused"])
+
+
+def test_a_block_fused_without_prologue_and_gate_mul_names_both_reasons():
+    model = _model()
+    _node(model, "Mul", 1).replace_input_with(1, _graph_input(model, "scale_by", ir.DataType.FLOAT, []))
+    post = _node(model, _op.POST_MIX, 0)  # the prologue of block 1
+    post.resize_inputs(4)
+    post.replace_input_with(3, _graph_input(model, "stream_mix", ir.DataType.FLOAT, ["batch", "seq", C, C]))
+    report = _expect(model, fused=4, anchor_index=1, reason="has a stream_mix input", prefix="prologue not fused: ")
+    [rejected] = report.rejected
+    assert rejected.reason.endswith("; gate Mul not fused: gate_mul (graph input 'scale_by') must be a constant "
+                                    "scalar of shape [] or [1]"), rejected.reason
+    assert _ops(model)["Mul"] == 1 and _ops(model)[_op.POST_MIX] == 1

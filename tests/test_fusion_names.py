@@ -12,7 +12,7 @@ import pytest
 from hcfuse import _op
 from hcfuse.rewrite import fuse_with_report
 from tests._compare import cpu_session
-from tests.test_fusion import C, H, R, _fused_nodes, _model, _node
+from tests.test_fusion import C, H, _fused_nodes, _model, _node
 
 
 def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:

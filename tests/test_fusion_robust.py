@@ -41,21 +41,34 @@ def test_grouped_form_is_left_with_a_reason():
     assert "num_branches=0 (the grouped form" in rejected.reason
 
 
-def _into_function(model: ir.Model, *, typed_inputs: bool, attributes=()) -> ir.Function:
-    """Moves every node of model into a model-local function local::HcBlocks that the graph calls."""
+def _into_function(model: ir.Model, *, typed_inputs: bool, attributes=(), constants_inside: bool = False) -> ir.Function:
+    """Moves every node of model into a model-local function local::HcBlocks that the graph calls; its
+    weights become the function's inputs, or (constants_inside) Constant nodes in its body."""
     graph = model.graph
-    outer = [graph.inputs[0], *graph.initializers.values()]
+    weights = list(graph.initializers.values())
+    outer = [graph.inputs[0], *([] if constants_inside else weights)]
     inner = [ir.Value(name=v.name, type=v.type if typed_inputs else None, shape=v.shape if typed_inputs else None)
              for v in outer]
+    constants = []
+    if constants_inside:
+        for weight in weights:
+            node = ir.node("Constant", [], {"value": weight.const_value}, name=f"{weight.name}/Constant")
+            node.outputs[0].name, node.outputs[0].type, node.outputs[0].shape = weight.name, weight.type, weight.shape
+            constants.append(node)
+            outer.append(weight)
+            inner.append(node.outputs[0])
     for old, new in zip(outer, inner):
         for user, index in list(old.uses()):
             user.replace_input_with(index, new)
+    if constants_inside:
+        graph.initializers.clear()
+        outer = outer[:1]
     [out] = graph.outputs
     graph.outputs.clear()
     nodes = list(graph)
     for node in nodes:
         graph.remove(node)
-    body = ir.Graph(inner, [out], nodes=nodes, opset_imports={"": 21, _op.DOMAIN: 1})
+    body = ir.Graph(inner[: len(outer)], [out], nodes=constants + nodes, opset_imports={"": 21, _op.DOMAIN: 1})
     function = ir.Function("local", "HcBlocks", "", graph=body, attributes=list(attributes))
     model.functions[function.identifier()] = function
     call = ir.node("HcBlocks", outer, domain="local", name="call")
@@ -78,14 +91,24 @@ def test_chain_inside_a_function_is_fused_there(hcfuse_lib):
     _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
 
 
-def test_chain_inside_a_function_that_needs_a_new_initializer_is_left(hcfuse_lib):
-    original = _model(1, packed=False, final_mix=True)  # the final mix needs a zero inject weight
-    _into_function(original, typed_inputs=True)
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+def test_chain_inside_a_function_with_derived_weights_is_fused_there(hcfuse_lib, packed):
+    """Packed halves, a shared (H) norm scale and the final mix's zero inject weight become Constant
+    nodes in the function (which holds no initializers)."""
+    original = _model(2, packed=packed, final_mix=True)
+    norm = _node(original, _op.BRANCH_NORM, 1)
+    shared = ir.Value(name="scale_h", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([H]),
+                      const_value=ir.tensor(np.linspace(0.5, 1.5, H).astype(np.float32)))
+    original.graph.register_initializer(shared)
+    norm.replace_input_with(1, shared)
+    function = _into_function(original, typed_inputs=True, constants_inside=True)
+    assert not original.graph.initializers
     model = original.clone()
     report = fuse_with_report(model)
-    assert len(report.fused) == 1
-    [rejected] = report.rejected
-    assert "inside function local::HcBlocks" in rejected.reason and "zero inject weight" in rejected.reason
+    assert len(report.fused) == 3 and report.rejected == []
+    body = next(iter(model.functions.values()))
+    assert [n.op_type for n in body].count(_op.OP_TYPE) == 3 and _op.BRANCH_NORM not in {n.op_type for n in body}
+    assert not model.graph.initializers and len(function.inputs) == 1
     _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
 
 
@@ -178,3 +201,39 @@ def test_a_block_in_a_function_that_differs_from_the_stock_block_gets_a_reason()
     assert report.fused == []
     [rejected] = report.rejected
     assert rejected.anchor.endswith("hc_norm") and "differ from the stock block" in rejected.reason
+
+
+def _as_branch(model: ir.Model, outer_input: ir.Value, tag: str) -> ir.Graph:
+    """model's graph as an If branch reading outer_input, every name prefixed with tag."""
+    graph = model.graph
+    [inner_input] = graph.inputs
+    graph.inputs.clear()
+    inner_input.replace_all_uses_with(outer_input)
+    for value in list(graph.initializers.values()):
+        value.name = tag + value.name  # renaming keeps the initializers dict in step
+    for node in graph:
+        node.name = tag + node.name
+        for value in node.outputs:
+            value.name = tag + value.name
+    return graph
+
+
+def test_chain_inside_an_if_branch_is_fused_there(hcfuse_lib):
+    embeds = ir.Value(name="inputs_embeds", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", "seq", H]))
+    cond = ir.Value(name="cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    then_branch = _as_branch(_model(2), embeds, "then")
+    else_branch = _as_branch(_model(1, seed=1), embeds, "else")
+    node = ir.node("If", [cond], {"then_branch": ir.AttrGraph("then_branch", then_branch),
+                                  "else_branch": ir.AttrGraph("else_branch", else_branch)}, name="if")
+    out = node.outputs[0]
+    out.name, out.type = "hidden_states", ir.TensorType(ir.DataType.FLOAT)
+    graph = ir.Graph([cond, embeds], [out], nodes=[node], opset_imports={"": 21, _op.DOMAIN: 1})
+    original = ir.Model(graph, ir_version=10)
+    model = original.clone()
+    report = fuse_with_report(model)
+    assert len(report.fused) == 5 and report.rejected == []
+    for branch in ("then_branch", "else_branch"):
+        ops = [n.op_type for n in _node(model, "If").attributes[branch].value]
+        assert _op.BRANCH_NORM not in ops and _op.OP_TYPE in ops
+    for flag in (True, False):
+        _assert_same(original, model, hcfuse_lib, {"cond": np.array(flag), **_embeds(2, 3)})

@@ -130,3 +130,82 @@ def test_an_overridable_reshape_shape_gives_no_fact():
     graph = ir.Graph([x, shape], [], nodes=[reshape := ir.node("Reshape", [x, shape])], initializers=[shape])
     assert graph.initializers["shape"] is shape
     assert ShapeFacts().dims(reshape.outputs[0]) is None
+
+
+def test_a_value_info_that_contradicts_the_graph_gives_no_fact():
+    x = _value("x", ["rows", C * H])
+    w = _value("w", [C * H, C])
+    matmul = ir.node("MatMul", [x, w])
+    matmul.outputs[0].shape = ir.Shape(["rows", C, H])  # wrong rank: a (..., C, H) claim
+    other = ir.node("MatMul", [x, w])
+    other.outputs[0].shape = ir.Shape(["rows", C + 1])  # wrong last dim
+    ir.Graph([x, w], [], nodes=[matmul, other])
+    facts = ShapeFacts()
+    assert facts.dims(matmul.outputs[0]) is None
+    assert facts.dims(other.outputs[0]) == ("rows", None)
+
+
+def test_an_overridable_default_without_a_declared_shape_gives_no_shape():
+    """A caller may feed another shape than the default's (the stock norm takes (C*H), (C, H) or (H))."""
+    scale = ir.Value(name="scale", const_value=ir.tensor(np.ones(C * H, np.float32)))
+    ir.Graph([scale], [], nodes=[], initializers=[scale])
+    assert ShapeFacts().dims(scale) is None
+    declared = ir.Value(name="declared", shape=ir.Shape([C * H]), type=ir.TensorType(ir.DataType.FLOAT),
+                        const_value=ir.tensor(np.ones(C * H, np.float32)))
+    ir.Graph([declared], [], nodes=[], initializers=[declared])
+    assert ShapeFacts().dims(declared) == (C * H,)
+
+
+def test_facts_through_unsqueeze_transpose_expand_and_matmulnbits():
+    x = _value("x", ["rows", H])
+    axes_node, axes = _const("axes", np.array([1], np.int64))
+    unsqueeze = ir.node("Unsqueeze", [x, axes])
+    transpose = ir.node("Transpose", [unsqueeze.outputs[0]], {"perm": [1, 0, 2]})
+    shape_node, shape = _const("shape", np.array([C, 1, 1], np.int64))
+    expand = ir.node("Expand", [transpose.outputs[0], shape])
+    nbits = ir.node("MatMulNBits", [x, _value("q", None, ir.DataType.UINT8), _value("sc", None)],
+                    {"K": H, "N": R, "bits": 4, "block_size": 32}, domain=_op.DOMAIN)
+    skip = ir.node("SkipSimplifiedLayerNormalization", [x, x, _value("g", [H])], domain=_op.DOMAIN)
+    ir.Graph([x], [], nodes=[axes_node, unsqueeze, transpose, shape_node, expand, nbits, skip])
+    facts = ShapeFacts()
+    assert facts.dims(unsqueeze.outputs[0]) == ("rows", 1, H)
+    assert facts.dims(transpose.outputs[0]) == (1, "rows", H)
+    assert facts.dims(expand.outputs[0]) == (C, "rows", H)
+    assert facts.dims(nbits.outputs[0]) == ("rows", R)
+    assert facts.dims(skip.outputs[0]) == ("rows", H)
+
+
+def test_prologues_fuse_when_the_streams_come_through_other_ops():
+    """Streams made by Unsqueeze + Expand + Reshape instead of Tile, no value_info: still proved."""
+    proto = _without_value_info(make_decode_model(3, C=C, H=H, R=R, leading_dims=("rows",)))
+    model = ir.from_proto(proto)
+    tile = next(n for n in model.graph if n.op_type == "Tile")
+    embeds = tile.inputs[0]
+    axes = ir.Value(name="axes", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]),
+                    const_value=ir.tensor(np.array([1], np.int64)))
+    shape = ir.Value(name="expand_shape", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([2]),
+                     const_value=ir.tensor(np.array([C, 1], np.int64)))
+    flat = ir.Value(name="flat_shape", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([2]),
+                    const_value=ir.tensor(np.array([0, -1], np.int64)))
+    for value in (axes, shape, flat):
+        model.graph.register_initializer(value)
+    unsqueeze = ir.node("Unsqueeze", [embeds, axes], name="unsqueeze")
+    expand = ir.node("Expand", [unsqueeze.outputs[0], shape], name="expand")
+    reshape = ir.node("Reshape", [expand.outputs[0], flat], name="reshape")
+    model.graph.insert_before(tile, [unsqueeze, expand, reshape])
+    tile.outputs[0].replace_all_uses_with(reshape.outputs[0])
+    model.graph.remove(tile, safe=True)
+    report = fuse_with_report(model)
+    assert len(report.fused) == 3 and report.rejected == []
+    assert [b.prologue for b in report.fused] == [False, True, True]
+
+
+def test_reshape_minus_one_with_symbolic_dims_that_cancel():
+    x = _value("x", ["rows", C, H])
+    shape_node, shape = _const("shape", np.array([0, -1], np.int64))
+    reshape = ir.node("Reshape", [x, shape])
+    assert _facts_of([shape_node, reshape], reshape.outputs[0]) == ("rows", C * H)
+    y = _value("y", ["rows", "seq", H])
+    other_node, other = _const("other", np.array([-1, H], np.int64))
+    merge = ir.node("Reshape", [y, other])
+    assert _facts_of([other_node, merge], merge.outputs[0]) == (None, H)  # rows*seq: not one symbol

@@ -92,7 +92,6 @@ class BlockCheck:
             "silu_alpha": self.silu_alpha(),
             **self.gate_constants(),
         }
-        self.derived_weights_possible(layout)
         if self.v.has_prologue:
             self.prologue(C, H)
         nodes = self.context.nodes
@@ -256,18 +255,6 @@ class BlockCheck:
                 raise Reject(f"{name} ({describe(self.b[name])}) must be a constant scalar of shape [] or [1]")
             gates[name] = float(tensor.numpy().reshape(-1)[0])
         return gates
-
-    def derived_weights_possible(self, layout: str) -> None:
-        """A function holds no initializers: a block that needs a derived weight stays in it."""
-        where = self.context.graph_or_function
-        if not isinstance(where, ir.Function):
-            return
-        need = [what for what, needed in (
-            ("the packed weight's halves", self.v.packed), (f"a {layout} norm scale flattened", layout != "flat"),
-            ("a zero inject weight (the final mix)", not self.v.has_inject)) if needed]
-        if need:
-            raise Reject(f"inside function {where.domain}::{where.name}: the fused node would need "
-                         f"{', '.join(need)} as a new initializer, which a function cannot hold")
 
     def prologue(self, C: int, H: int) -> None:
         """The PostMix's inputs are what the fused op's prologue takes: post_mix (..., C) with the rank of

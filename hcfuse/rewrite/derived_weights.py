@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from hcfuse.rewrite.values import true_constant
+
 _KEY = "hcfuse.derived_weight"  # Value.meta key (in memory only) holding the derivation key
 
 
@@ -54,30 +56,45 @@ class NameScope:
 
 
 class DerivedWeights:
-    """The derived initializers of one call, found by key: those already in a graph (indexed once per
-    graph, so a later call, or a later match with the stateless rules, reuses them) and new ones."""
+    """The derived weights of one call, found by key: those already in a graph (indexed once per
+    graph, so a later call, or a later match with the stateless rules, reuses them) and new ones.
+    A graph holds them as initializers; a model-local function, which has none, as Constant nodes."""
 
     def __init__(self, model: ir.Model):
         self.names = NameScope(model)
-        self._index: dict[ir.Graph, dict[tuple, ir.Value]] = {}
+        self._index: dict[ir.Graph | ir.Function, dict[tuple, ir.Value]] = {}
 
-    def get(self, op, graph: ir.Graph, key: tuple, base: str, dtype: ir.DataType, shape: tuple, make) -> ir.Value:
-        index = self._index.get(graph)
+    @staticmethod
+    def _existing(where: ir.Graph | ir.Function) -> dict[tuple, ir.Value]:
+        if isinstance(where, ir.Function):
+            values = [node.outputs[0] for node in where if node.op_type == "Constant" and node.outputs]
+        else:
+            values = list(where.initializers.values())
+        return {v.meta[_KEY]: v for v in values if _KEY in v.meta}
+
+    def get(self, op, where: ir.Graph | ir.Function, key: tuple, base: str, dtype: ir.DataType, shape: tuple,
+            make) -> ir.Value:
+        index = self._index.get(where)
         if index is None:
-            index = self._index[graph] = {v.meta[_KEY]: v for v in graph.initializers.values() if _KEY in v.meta}
+            index = self._index[where] = self._existing(where)
         value = index.get(key)
         if value is None:
             name = self.names.fresh(base)
             tensor = ir.LazyTensor(lambda: make(name), dtype=dtype, shape=ir.Shape(shape), name=name)
-            value = index[key] = op.initializer(tensor, name)
+            if isinstance(where, ir.Function):
+                value = op.Constant(value=tensor, _outputs=[name])
+                value.shape, value.type = ir.Shape(shape), ir.TensorType(dtype)
+            else:
+                value = op.initializer(tensor, name)
             value.meta[_KEY] = key
+            index[key] = value
         return value
 
 
-def packed_halves(op, graph: ir.Graph, weights: DerivedWeights, packed: ir.Value, R: int, C: int,
+def packed_halves(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, packed: ir.Value, R: int, C: int,
                   dtype: ir.DataType) -> tuple[ir.Value, ir.Value]:
     """(down [C*H, R], inject [C*H, C]) sliced from a constant packed [C*H, R+C] weight."""
-    source = packed.const_value
+    source = true_constant(packed)
     CH = source.shape[0]
 
     def half(columns: slice):
@@ -102,10 +119,10 @@ def packed_halves(op, graph: ir.Graph, weights: DerivedWeights, packed: ir.Value
     return down, inject
 
 
-def flat_norm_scale(op, graph: ir.Graph, weights: DerivedWeights, scale: ir.Value, layout: str, C: int,
+def flat_norm_scale(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, scale: ir.Value, layout: str, C: int,
                     H: int) -> ir.Value:
     """A constant (C, H) ("grouped") or (H) ("shared") norm scale as the fused op's (C*H)."""
-    source = scale.const_value
+    source = true_constant(scale)
     if layout == "grouped":
         make = lambda name: ir.tensor(np.ascontiguousarray(source.numpy().reshape(-1)), name=name)  # noqa: E731
     else:
@@ -114,7 +131,7 @@ def flat_norm_scale(op, graph: ir.Graph, weights: DerivedWeights, scale: ir.Valu
                     (C * H,), make)
 
 
-def zero_inject(op, graph: ir.Graph, weights: DerivedWeights, C: int, H: int, dtype: ir.DataType) -> ir.Value:
+def zero_inject(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, C: int, H: int, dtype: ir.DataType) -> ir.Value:
     """The final mix has no inject half: pre_output does not depend on the inject weight, so a zero
     weight (post_gate = sigmoid(0)) leaves it unchanged and the unused post_gate is never read."""
     CH = C * H

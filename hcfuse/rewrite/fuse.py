@@ -84,12 +84,12 @@ def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, 
     out = []
     for anchor, items in by_anchor.items():
         if anchor in fused:
-            # a more specific rule failed, a less specific one fused: say which part stays unfused
-            for f in items:
-                part = next((words for tag, words in _PARTS.items() if tag in f.rule and tag not in fused[anchor]), None)
-                if part:
-                    out.append(Rejection(f.rule, anchor, f"{part} not fused: {f.reason}"))
-                    break
+            # more specific rules failed, a less specific one fused: say which parts stay unfused, and why
+            parts = [(words, _part_failure(tag, items)) for tag, words in _PARTS.items() if tag not in fused[anchor]]
+            parts = [(words, f) for words, f in parts if f is not None]
+            if parts:
+                text = "; ".join(f"{words} not fused: {f.reason}" for words, f in parts)
+                out.append(Rejection(parts[0][1].rule, anchor, text))
             continue
         blocking = [f for f in items if not f.prologue_only] or items
         out.append(Rejection(blocking[0].rule, anchor, blocking[0].reason))
@@ -98,6 +98,16 @@ def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, 
             if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
                 out.append(Rejection("", node.name, _structural_reason(model, where, node)))
     return out
+
+
+def _part_failure(tag: str, items: list[CheckFailure]) -> CheckFailure | None:
+    """The failure that kept the part named by tag out of the fused node."""
+    candidates = [f for f in items if tag in f.rule]
+    if tag == "Prologue":  # a prologue-only condition, else the Prologue rule that needs no gate Mul
+        candidates.sort(key=lambda f: (not f.prologue_only, "GateMul" in f.rule))
+    else:
+        candidates.sort(key=lambda f: f.prologue_only)
+    return candidates[0] if candidates else None
 
 
 def _structural_reason(model: ir.Model, where: ir.Graph | ir.Function, norm: ir.Node) -> str:

@@ -118,6 +118,14 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
     def rewrite(self, op, **b):
         m, session = self._handoff.proof
         self._handoff.proof = None
+        try:
+            return self._fused_node(op, m, session, b)
+        except Exception as error:  # noqa: BLE001 - the block stays as it is, with the reason in the report
+            reason = f"internal error while rewriting the block: {type(error).__name__}: {error}"
+            session.failures.append(CheckFailure(self.name, m.anchor, reason, False))
+            raise _basics.MatchFailureError(reason) from error
+
+    def _fused_node(self, op, m, session: FusionSession, b: dict):
         v = self.variant
         scale = b["norm_scale"]
         if m.norm_layout != "flat":

@@ -31,12 +31,13 @@ _UNKNOWN = Fact(None, None)
 
 
 def _declared(value: ir.Value) -> Fact:
-    dtype = value.dtype
-    shape = value.shape
-    if shape is None and value.const_value is not None:
-        shape = value.const_value.shape
-    if dtype is None and value.const_value is not None:
-        dtype = value.const_value.dtype
+    dtype, shape = value.dtype, value.shape
+    # an overridable default's tensor says nothing of what a caller may feed: only its declared type counts
+    default = value.const_value if not value.is_graph_input() else None
+    if shape is None and default is not None:
+        shape = default.shape
+    if dtype is None and default is not None:
+        dtype = default.dtype
     if shape is None:
         return Fact(dtype, None)
     dims = tuple(d if isinstance(d, int) else (d.value if isinstance(d.value, str) else None) for d in shape.dims)
@@ -44,15 +45,23 @@ def _declared(value: ir.Value) -> Fact:
 
 
 def _merge(declared: Fact, derived: Fact) -> Fact:
-    """Declared and derived facts together: a known dim wins over an unknown one, an int over a symbol."""
-    dtype = declared.dtype or derived.dtype
+    """Declared and derived facts together: a known dim wins over an unknown one, an int over a symbol;
+    where the two contradict each other (a wrong value_info), nothing is known."""
+    if declared.dtype and derived.dtype and declared.dtype != derived.dtype:
+        dtype = None
+    else:
+        dtype = declared.dtype or derived.dtype
     a, b = declared.dims, derived.dims
-    if a is None or b is None or len(a) != len(b):
+    if a is None or b is None:
         return Fact(dtype, a if a is not None else b)
+    if len(a) != len(b):
+        return Fact(dtype, None)
     return Fact(dtype, tuple(_better(x, y) for x, y in zip(a, b)))
 
 
 def _better(x, y):
+    if isinstance(x, int) and isinstance(y, int):
+        return x if x == y else None
     if isinstance(x, int):
         return x
     if isinstance(y, int):
@@ -125,18 +134,23 @@ def _reshape(node: ir.Node, dims: Dims | None) -> Dims | None:
            for i, t in enumerate(target)]
     if any(t == 0 and not allowzero for t in target) and dims is None:
         return None
-    if -1 in out:
-        known = [d for d in out if d != -1]
-        if dims is None or not all(isinstance(d, int) for d in (*dims, *known)):
-            return tuple(None if d == -1 else d for d in out)
-        total = 1
-        for d in dims:
-            total *= d
-        rest = 1
-        for d in known:
-            rest *= d
-        out = [total // rest if d == -1 and rest else d for d in out]
+    if out.count(-1) == 1:
+        out[out.index(-1)] = _inferred_dim(dims, [d for d in out if d != -1])
     return tuple(out)
+
+
+def _inferred_dim(dims: Dims | None, others: list):
+    """Reshape's -1: the input's size over the other output dims' (symbols must cancel out)."""
+    if dims is None or None in dims or None in others:
+        return None
+    if sorted(d for d in dims if isinstance(d, str)) != sorted(d for d in others if isinstance(d, str)):
+        return None
+    total, rest = 1, 1
+    for d in dims:
+        total *= d if isinstance(d, int) else 1
+    for d in others:
+        rest *= d if isinstance(d, int) else 1
+    return total // rest if rest and total % rest == 0 else None
 
 
 def _tile(node: ir.Node, dims: Dims | None) -> Dims | None:
@@ -155,41 +169,80 @@ def _lowrank_mix(node: ir.Node, facts: list[Fact]) -> list[Dims | None]:
     return [_with_last(streams, H), _with_last(streams, C), streams]
 
 
+def _pre_mix(node: ir.Node, dims: Dims | None) -> Dims | None:
+    C = attr_value(node, "num_branches", 0)
+    if not dims:
+        return None
+    if isinstance(C, int) and C > 0:
+        return _with_last(dims, dims[-1] // C if isinstance(dims[-1], int) and dims[-1] % C == 0 else None)
+    return (*dims[:-2], dims[-1]) if len(dims) >= 2 else None  # grouped (..., C, H) -> (..., H)
+
+
+def _unsqueeze(node: ir.Node, dims: Dims | None) -> Dims | None:
+    axes = _ints(node.inputs[1]) if len(node.inputs) > 1 else attr_value(node, "axes", None)
+    if dims is None or not axes:
+        return None
+    rank = len(dims) + len(axes)
+    if any(not -rank <= a < rank for a in axes):
+        return None
+    axes = {a % rank for a in axes}
+    rest = iter(dims)
+    return tuple(1 if i in axes else next(rest) for i in range(rank))
+
+
+def _transpose(node: ir.Node, dims: Dims | None) -> Dims | None:
+    perm = attr_value(node, "perm", None)
+    if dims is None:
+        return None
+    perm = list(perm) if perm is not None else list(range(len(dims)))[::-1]
+    return tuple(dims[p] for p in perm) if sorted(perm) == list(range(len(dims))) else None
+
+
+def _expand(node: ir.Node, dims: Dims | None) -> Dims | None:
+    shape = _ints(node.inputs[1]) if len(node.inputs) > 1 else None
+    return None if shape is None else _broadcast(dims, tuple(shape))
+
+
+def _matmul_nbits(node: ir.Node, dims: Dims | None) -> Dims | None:
+    N = attr_value(node, "N", None)
+    return _with_last(dims, N) if isinstance(N, int) else None
+
+
+_SAME = {"Identity", "Sigmoid", "Relu", "Neg", "Tanh", "Sqrt", "Reciprocal", "Erf", "Abs", "Exp", "Softmax",
+         "LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization", "Gelu"}
+_ONE_INPUT = {"Reshape": _reshape, "Tile": _tile, "Unsqueeze": _unsqueeze, "Transpose": _transpose,
+              "Expand": _expand}
+_CONTRIB_SAME = {_op.BRANCH_NORM, _op.SCALED_SILU, _op.POST_MIX, "SkipSimplifiedLayerNormalization",
+                 "SkipLayerNormalization", "SimplifiedLayerNormalization", "FastGelu", "QuickGelu", "BiasGelu"}
+
+
 def _infer(node: ir.Node, facts: list[Fact]) -> list[Fact]:
-    """Output facts of node from its inputs' facts (unknown for ops outside the block's neighbourhood)."""
+    """Output facts of node from its inputs' facts (unknown for ops not listed here)."""
     n = len(node.outputs)
     first = facts[0] if facts else _UNKNOWN
-    op, dom = node.op_type, node.domain
-    same = Fact(first.dtype, first.dims)
-    if dom == _op.DOMAIN:
-        if op in (_op.BRANCH_NORM, _op.SCALED_SILU, _op.POST_MIX):
-            return [same] + [_UNKNOWN] * (n - 1)
+    op, T = node.op_type, first.dtype
+    if node.domain == _op.DOMAIN:
+        if op in _CONTRIB_SAME:
+            return [first] + [_UNKNOWN] * (n - 1)
         if op == _op.PRE_MIX:
-            C = attr_value(node, "num_branches", 0)
-            dims = first.dims
-            if not dims:
-                return [_UNKNOWN] * n
-            if isinstance(C, int) and C > 0:
-                last = dims[-1] // C if isinstance(dims[-1], int) and dims[-1] % C == 0 else None
-                return [Fact(first.dtype, _with_last(dims, last))]
-            return [Fact(first.dtype, (*dims[:-2], dims[-1]) if len(dims) >= 2 else None)]
+            return [Fact(T, _pre_mix(node, first.dims))]
+        if op == "MatMulNBits":
+            return [Fact(T, _matmul_nbits(node, first.dims))]
         if op == _op.OP_TYPE:
-            return [Fact(first.dtype, d) for d in _lowrank_mix(node, facts)][:n]
+            return [Fact(T, d) for d in _lowrank_mix(node, facts)][:n]
         return [_UNKNOWN] * n
-    if dom not in ("", "ai.onnx"):
+    if node.domain not in ("", "ai.onnx"):
         return [_UNKNOWN] * n
-    if op in ("Identity", "Sigmoid", "Relu", "Neg", "Tanh", "Sqrt", "Reciprocal"):
-        return [same]
+    if op in _SAME:
+        return [first] + [_UNKNOWN] * (n - 1)
     if op in ("Div", "Mul", "Add", "Sub") and len(facts) == 2:
-        return [Fact(first.dtype, _broadcast(first.dims, facts[1].dims))]
+        return [Fact(T, _broadcast(first.dims, facts[1].dims))]
     if op == "MatMul" and len(facts) == 2:
-        return [Fact(first.dtype, _matmul(first.dims, facts[1].dims))]
+        return [Fact(T, _matmul(first.dims, facts[1].dims))]
     if op == "Split":
-        return [Fact(first.dtype, d) for d in _split(node, first.dims)]
-    if op == "Reshape":
-        return [Fact(first.dtype, _reshape(node, first.dims))]
-    if op == "Tile":
-        return [Fact(first.dtype, _tile(node, first.dims))]
+        return [Fact(T, d) for d in _split(node, first.dims)]
+    if op in _ONE_INPUT:
+        return [Fact(T, _ONE_INPUT[op](node, first.dims))]
     if op == "Cast":
         to = attr_value(node, "to", None)
         return [Fact(ir.DataType(to) if isinstance(to, int) else None, first.dims)]
