@@ -7,128 +7,30 @@ the class the fuzz summary counts by, and what tests/test_fuzz_fusion.py's KNOWN
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-
 import numpy as np
-import onnx
 import onnx_ir as ir
 
-from hcfuse import _op
-from tests.fuzz.bases import Base, blocks
+from tests.fuzz.bases import blocks
+from tests.fuzz.edits import (
+    Context,
+    add_node,
+    add_silu_scale,
+    as_initializer,
+    constant_node,
+    graph_input,
+    initializer,
+    declared_lead,
+    nodes_before,
+    random_like,
+    set_attr,
+    unknown_dims,
+)
+from tests.fuzz.whole_model import in_function, in_if, node_names, strip_shapes, two_chains
+
+__all__ = ["MUTATIONS", "Context"]
 
 
-@dataclasses.dataclass
-class Context:
-    base: Base
-    rng: np.random.Generator
-    feeds: dict = dataclasses.field(default_factory=dict)  # values of the graph inputs mutations add
-    late: list = dataclasses.field(default_factory=list)  # (function, arguments) applied to the proto
-    names: itertools.count = dataclasses.field(default_factory=itertools.count)
-
-    @property
-    def T(self) -> ir.DataType:
-        return ir.DataType.from_numpy(np.dtype(self.base.dtype))
-
-    @property
-    def np_T(self) -> np.dtype:
-        return np.dtype(self.base.dtype)
-
-    def name(self, stem: str) -> str:
-        return f"fuzz/{stem}/{next(self.names)}"
-
-    def pick(self, items):
-        items = [x for x in items if x is not None]
-        return items[int(self.rng.integers(len(items)))] if items else None
-
-    def block(self, model: ir.Model, need: tuple = ()) -> dict | None:
-        return self.pick([b for b in blocks(model) if all(b.get(k) is not None for k in need)])
-
-
-# ---- building blocks ---------------------------------------------------------------------------
-
-
-def _initializer(model: ir.Model, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                     shape=ir.Shape(array.shape), const_value=ir.tensor(array, name=name))
-    model.graph.register_initializer(value)
-    return value
-
-
-def _graph_input(model: ir.Model, ctx: Context, name: str, array: np.ndarray, dims=None) -> ir.Value:
-    """A new graph input fed with array, declared with dims (None: array's shape; False: its rank only,
-    every dim unknown: ONNX wants a graph input's shape field, not its dims)."""
-    shape = ir.Shape([None] * array.ndim if dims is False else array.shape if dims is None else dims)
-    value = ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(array.dtype)), shape=shape)
-    model.graph.inputs.append(value)
-    ctx.feeds[name] = array
-    return value
-
-
-def _constant_node(model: ir.Model, before: ir.Node, name: str, attributes: dict, dtype, shape) -> ir.Value:
-    out = ir.Value(name=name, type=ir.TensorType(dtype), shape=None if shape is None else ir.Shape(shape))
-    model.graph.insert_before(before, ir.node("Constant", [], attributes, outputs=[out], name=name + "/node"))
-    return out
-
-
-def _add_node(model: ir.Model, before: ir.Node, op_type: str, inputs, attributes=None, *, dtype, shape,
-              name: str, domain: str = "") -> ir.Value:
-    out = ir.Value(name=name, type=ir.TensorType(dtype), shape=None if shape is None else ir.Shape(shape))
-    model.graph.insert_before(before, ir.node(op_type, inputs, attributes or {}, domain=domain, outputs=[out],
-                                              name=name + "/node"))
-    return out
-
-
-def _as_initializer(model: ir.Model, value: ir.Value) -> ir.Value:
-    """value itself when it is an initializer; a Constant node's output is turned into one."""
-    if value.const_value is not None and value.producer() is None:
-        return value
-    tensor = ir.convenience.get_const_tensor(value)
-    if tensor is None:
-        return None
-    init = _initializer(model, value.name + ".init", np.asarray(tensor.numpy()))
-    value.replace_all_uses_with(init)
-    return init
-
-
-def _lead(ctx: Context) -> list:
-    return list(ctx.base.leading_dims)
-
-
-def _unknown_dims(ctx: Context) -> ir.Shape:
-    """The rank of every activation of a block, no dims: what a graph output without value_info declares."""
-    return ir.Shape([None] * (len(ctx.base.leading_dims) + 1))
-
-
-def _random_like(ctx: Context, shape, scale: float = 1.0) -> np.ndarray:
-    return (ctx.rng.standard_normal(shape) * scale).astype(ctx.np_T)
-
-
-def _set_attr(node: ir.Node, name: str, value) -> None:
-    if value is None:
-        node.attributes.pop(name, None)
-    else:
-        node.attributes[name] = ir.convenience.convert_attribute(name, value)
-
-
-def _nodes_before(model: ir.Model, node: ir.Node) -> set:
-    out = set()
-    for n in model.graph:
-        if n is node:
-            return out
-        out.add(n)
-    return out
-
-
-def _add_silu_scale(model: ir.Model, ctx: Context, b: dict, array: np.ndarray) -> ir.Value:
-    silu = b["silu"]
-    value = _initializer(model, ctx.name("silu_scale"), array)
-    silu.resize_inputs(2)
-    silu.replace_input_with(1, value)
-    return value
-
-
-# ---- the mutations -------------------------------------------------------------------------------
+# ---- mutations of one block --------------------------------------------------------------------
 
 
 def swap_inputs(model, ctx):
@@ -173,7 +75,7 @@ def attr_change(model, ctx):
     role = ctx.pick([r for r in choices if b.get(r) is not None])
     name, values = choices[role][int(ctx.rng.integers(len(choices[role])))]
     value = values[int(ctx.rng.integers(len(values)))]
-    _set_attr(b[role], name, value)
+    set_attr(b[role], name, value)
     return f"attr_change:{b[role].op_type}.{name}={value}"
 
 
@@ -187,21 +89,21 @@ def grouped_form(model, ctx):
     C, H, R = ctx.base.C, ctx.base.H, ctx.base.R
     lead = len(ctx.base.leading_dims)
     norm = b["norm"]
-    shape = _initializer(model, ctx.name("grouped_shape"), np.array([0] * lead + [C, H], np.int64))
-    grouped = _add_node(model, norm, "Reshape", [norm.inputs[0], shape], dtype=ctx.T, shape=None,
+    shape = initializer(model, ctx.name("grouped_shape"), np.array([0] * lead + [C, H], np.int64))
+    grouped = add_node(model, norm, "Reshape", [norm.inputs[0], shape], dtype=ctx.T, shape=None,
                         name=ctx.name("grouped_streams"))
     norm.replace_input_with(0, grouped)
     value = ctx.pick([0, None])
     for role in ("norm", "premix"):
-        _set_attr(b[role], "num_branches", value)
+        set_attr(b[role], "num_branches", value)
     weights = {"up_w": (R, H), "down_w": (H, R), "inject_w": (H, 1), "packed_w": (H, R + 1)}
     for role, dims in weights.items():
         slot = _consumer_slot(b, role)
         if slot is not None:
-            slot[0].replace_input_with(slot[1], _initializer(model, ctx.name(role + "_grouped"),
-                                                             _random_like(ctx, dims, dims[0] ** -0.5)))
+            slot[0].replace_input_with(slot[1], initializer(model, ctx.name(role + "_grouped"),
+                                                             random_like(ctx, dims, dims[0] ** -0.5)))
     if b.get("split") is not None:
-        b["split"].replace_input_with(1, _initializer(model, ctx.name("sizes_grouped"), np.array([R, 1], np.int64)))
+        b["split"].replace_input_with(1, initializer(model, ctx.name("sizes_grouped"), np.array([R, 1], np.int64)))
     for role in ("hn", "down", "inject", "d", "up", "g", "gate", "packed_out", "div_out", "sig_out"):
         v = _intermediate(b, role) if role in _INTERMEDIATES else b.get(role)
         if v is not None and not v.is_graph_output():
@@ -223,7 +125,7 @@ def _scalar_role(model, ctx, shaped: bool = False):
     if role == "silu_scale":
         silu = b["silu"]
         if len(silu.inputs) < 2 or silu.inputs[1] is None:
-            _add_silu_scale(model, ctx, b, np.array(float(ctx.rng.choice([0.5, 1.25])), ctx.np_T))
+            add_silu_scale(model, ctx, b, np.array(float(ctx.rng.choice([0.5, 1.25])), ctx.np_T))
         return b, role, silu.inputs[1], silu, 1
     node = b["div"] if role == "gate_div" else b["mul"]
     index = [i for i, v in enumerate(node.inputs) if v is b[role]][0]
@@ -246,7 +148,7 @@ def const_shape(model, ctx):
     array = np.full(shape, v, np.float64)
     if distinct:
         array = array * ctx.rng.uniform(0.5, 1.5, shape)
-    new = _initializer(model, ctx.name(f"{role}_shaped"), array.astype(ctx.np_T))
+    new = initializer(model, ctx.name(f"{role}_shaped"), array.astype(ctx.np_T))
     node.replace_input_with(index, new)
     return f"const_shape:{role}{list(shape)}{'distinct' if distinct else 'equal'}"
 
@@ -255,11 +157,11 @@ def const_nonconst(model, ctx):
     """A gate constant, the ScaledSiLU scale or the Split sizes made non-constant (graph input, computed
     by a node) or given as an unusual constant (Constant with value_float(s))."""
     if ctx.rng.random() < 0.2:
-        b = ctx.block(model, ("split",))
+        b = ctx.block(model, ("split", "sizes"))
         if b is not None:
             sizes = ir.convenience.get_const_tensor(b["sizes"])
             array = np.asarray(sizes.numpy()) if sizes is not None else np.array([ctx.base.R, ctx.base.C], np.int64)
-            b["split"].replace_input_with(1, _graph_input(model, ctx, ctx.name("split_sizes"), array))
+            b["split"].replace_input_with(1, graph_input(model, ctx, ctx.name("split_sizes"), array))
             return "const_nonconst:split sizes as graph input"
     found = _scalar_role(model, ctx)
     if found is None:
@@ -276,16 +178,16 @@ def const_nonconst(model, ctx):
     if form == "value_floats" and role == "silu_scale":
         form = "value_float"
     if form == "graph_input":
-        new = _graph_input(model, ctx, ctx.name(role), np.full(shape, v * ctx.rng.uniform(0.5, 1.5), ctx.np_T))
+        new = graph_input(model, ctx, ctx.name(role), np.full(shape, v * ctx.rng.uniform(0.5, 1.5), ctx.np_T))
     elif form == "value_float":
-        new = _constant_node(model, node, ctx.name(role), {"value_float": v}, ctx.T, ())
+        new = constant_node(model, node, ctx.name(role), {"value_float": v}, ctx.T, ())
     elif form == "value_floats":
-        new = _constant_node(model, node, ctx.name(role), {"value_floats": [v]}, ctx.T, (1,))
+        new = constant_node(model, node, ctx.name(role), {"value_floats": [v]}, ctx.T, (1,))
     else:
-        const = _initializer(model, ctx.name(role + "_src"), np.full(shape, v, ctx.np_T))
+        const = initializer(model, ctx.name(role + "_src"), np.full(shape, v, ctx.np_T))
         if form == "neg_neg":
-            const = _add_node(model, node, "Neg", [const], dtype=ctx.T, shape=shape, name=ctx.name(role + "_neg"))
-        new = _add_node(model, node, "Neg" if form == "neg_neg" else "Identity", [const], dtype=ctx.T, shape=shape,
+            const = add_node(model, node, "Neg", [const], dtype=ctx.T, shape=shape, name=ctx.name(role + "_neg"))
+        new = add_node(model, node, "Neg" if form == "neg_neg" else "Identity", [const], dtype=ctx.T, shape=shape,
                         name=ctx.name(role))
     node.replace_input_with(index, new)
     return f"const_nonconst:{role} {form}"
@@ -293,6 +195,7 @@ def const_nonconst(model, ctx):
 
 _OVERRIDABLE_ROLES = ("gate_div", "gate_mul", "silu_scale", "sizes", "scale", "scale_grouped", "scale_shared",
                       "packed_w", "down_w", "up_w", "inject_w")
+_NEEDS = {"silu_scale": "silu", "scale_grouped": "scale", "scale_shared": "scale"}  # role -> block part it needs
 
 
 def overridable(model, ctx):
@@ -302,14 +205,13 @@ def overridable(model, ctx):
     b = ctx.block(model)
     if b is None:
         return None
-    role = ctx.pick([r for r in _OVERRIDABLE_ROLES if b.get(r.split("_grouped")[0].split("_shared")[0]) is not None
-                     or (r == "silu_scale" and b.get("silu") is not None)])
+    role = ctx.pick([r for r in _OVERRIDABLE_ROLES if b.get(_NEEDS.get(r, r)) is not None])
     if role is None:
         return None
     if role == "silu_scale":
         silu = b["silu"]
         if len(silu.inputs) < 2 or silu.inputs[1] is None:
-            _add_silu_scale(model, ctx, b, np.array(0.75, ctx.np_T))
+            add_silu_scale(model, ctx, b, np.array(0.75, ctx.np_T))
         value = silu.inputs[1]
     elif role in ("scale_grouped", "scale_shared"):
         value = _scale_layout(model, ctx, b, role.split("_")[1])
@@ -317,7 +219,7 @@ def overridable(model, ctx):
             return None
     else:
         value = b[role]
-    value = _as_initializer(model, value)
+    value = as_initializer(model, value)
     if value is None or value.is_graph_input():
         return None
     model.graph.inputs.append(value)
@@ -332,7 +234,7 @@ def _scale_layout(model, ctx, b: dict, layout: str) -> ir.Value | None:
         return None
     flat = np.asarray(tensor.numpy())
     array = flat.reshape(C, H) if layout == "grouped" else flat[:H].copy()
-    value = _initializer(model, ctx.name(f"scale_{layout}"), array)
+    value = initializer(model, ctx.name(f"scale_{layout}"), array)
     b["norm"].replace_input_with(1, value)
     return value
 
@@ -379,7 +281,7 @@ def extra_consumer(model, ctx):
     if role is None:
         return None
     value = _intermediate(b, role)
-    out = ir.Value(name=ctx.name(f"spy_{role}"), type=ir.TensorType(ctx.T), shape=value.shape or _unknown_dims(ctx))
+    out = ir.Value(name=ctx.name(f"spy_{role}"), type=ir.TensorType(ctx.T), shape=value.shape or unknown_dims(ctx))
     model.graph.append(ir.node("Neg", [value], outputs=[out], name=out.name + "/node"))
     model.graph.outputs.append(out)
     return f"extra_consumer:{role}"
@@ -397,7 +299,7 @@ def extra_output(model, ctx):
     if value.is_graph_output():
         return None
     if value.type is None or value.shape is None:  # a graph output needs both (strip_shapes removes them)
-        value.type, value.shape = ir.TensorType(ctx.T), value.shape or _unknown_dims(ctx)
+        value.type, value.shape = ir.TensorType(ctx.T), value.shape or unknown_dims(ctx)
     model.graph.outputs.append(value)
     return f"extra_output:{role}"
 
@@ -443,21 +345,21 @@ def split_change(model, ctx):
     form = ctx.pick(["swapped", "three", "num_outputs", "positive_axis", "other_sizes"])
     if form == "num_outputs":
         split.resize_inputs(1)
-        _set_attr(split, "num_outputs", 2)
+        set_attr(split, "num_outputs", 2)
     elif form == "positive_axis":
-        _set_attr(split, "axis", len(ctx.base.leading_dims))
+        set_attr(split, "axis", len(ctx.base.leading_dims))
     elif form == "three":
         if C < 2:
             return None
         split.resize_inputs(2)
-        split.replace_input_with(1, _initializer(model, ctx.name("sizes3"), np.array([R, C - 1, 1], np.int64)))
+        split.replace_input_with(1, initializer(model, ctx.name("sizes3"), np.array([R, C - 1, 1], np.int64)))
         extra = ir.Value(name=ctx.name("split_extra"), type=b["inject"].type, shape=None)
         split.resize_outputs(3)
         split.outputs[2].name = extra.name
     else:
         sizes = [C, R] if form == "swapped" else [R - 1, C + 1] if R > 1 else [R + 1, C - 1]
         split.resize_inputs(2)
-        split.replace_input_with(1, _initializer(model, ctx.name("sizes"), np.array(sizes, np.int64)))
+        split.replace_input_with(1, initializer(model, ctx.name("sizes"), np.array(sizes, np.int64)))
     return f"split_change:{form}"
 
 
@@ -486,7 +388,7 @@ def shared_weight(model, ctx):
     if role is None:
         return None
     node, index = _consumer_slot(bs[j], role)
-    if bs[i][role].producer() is not None and bs[i][role].producer() not in _nodes_before(model, node):
+    if bs[i][role].producer() is not None and bs[i][role].producer() not in nodes_before(model, node):
         return None
     node.replace_input_with(index, bs[i][role])
     return f"shared_weight:{role}"
@@ -506,8 +408,8 @@ def transposed_weight(model, ctx):
     if tensor is None:
         return None
     array = np.asarray(tensor.numpy())
-    src = _initializer(model, ctx.name(role + "_T"), np.ascontiguousarray(array.T))
-    out = _add_node(model, node, "Transpose", [src], {"perm": [1, 0]}, dtype=ctx.T, shape=array.shape,
+    src = initializer(model, ctx.name(role + "_T"), np.ascontiguousarray(array.T))
+    out = add_node(model, node, "Transpose", [src], {"perm": [1, 0]}, dtype=ctx.T, shape=array.shape,
                     name=ctx.name(role + "_transposed"))
     node.replace_input_with(index, out)
     return f"transposed_weight:{role}"
@@ -542,7 +444,7 @@ def wrong_producer(model, ctx):
     if slot is None:
         return None
     node = b[slot[0]]
-    earlier = _nodes_before(model, node)
+    earlier = nodes_before(model, node)
     current = node.inputs[slot[1]] if len(node.inputs) > slot[1] else None
     candidates = []
     for other in bs:
@@ -584,38 +486,19 @@ def name_clash(model, ctx):
     form = ctx.pick(["initializer", "graph_input", "node_output"])
     if ctx.rng.random() < 0.3:
         shape = (shape[0] // 2, *shape[1:])  # and of another shape
-    array = _random_like(ctx, shape)
+    array = random_like(ctx, shape)
     if form == "initializer":
-        value = _initializer(model, name, array)
+        value = initializer(model, name, array)
     elif form == "graph_input":
-        value = _graph_input(model, ctx, name, array)
+        value = graph_input(model, ctx, name, array)
     else:
-        src = _initializer(model, ctx.name("clash_src"), array)
+        src = initializer(model, ctx.name("clash_src"), array)
         value = ir.Value(name=name, type=ir.TensorType(ctx.T), shape=ir.Shape(shape))
         model.graph.append(ir.node("Identity", [src], outputs=[value], name=ctx.name("clash")))
     out = ir.Value(name=ctx.name("clash_out"), type=ir.TensorType(ctx.T), shape=ir.Shape(shape))
     model.graph.append(ir.node("Neg", [value], outputs=[out], name=out.name + "/node"))
     model.graph.outputs.append(out)
     return f"name_clash:{form} {name.rsplit('.', 1)[-1] if 'zero_inject' not in name else 'zero_inject'}"
-
-
-def strip_shapes(model, ctx):
-    """No value_info: intermediate values lose their shapes (and maybe element types); maybe the graph
-    inputs and outputs too (an exporter or a pass that drops them)."""
-    types = bool(ctx.rng.random() < 0.5)
-    io = bool(ctx.rng.random() < 0.3)
-    for node in model.graph:
-        for value in node.outputs:
-            if value.is_graph_output():
-                continue
-            value.shape = None
-            if types and not value.is_graph_output():
-                value.type = None
-    if io:
-        for value in [*model.graph.inputs, *model.graph.outputs]:
-            if value.const_value is None and value.shape is not None:
-                value.shape = ir.Shape([None] * len(value.shape))  # graph inputs and outputs keep their rank
-    return f"strip_shapes:{'types ' if types else ''}{'io' if io else 'intermediates'}"
 
 
 def postmix_form(model, ctx):
@@ -629,167 +512,19 @@ def postmix_form(model, ctx):
     if form.startswith("post_mix"):
         shape = {"post_mix_CH": (C, H), "post_mix_C1": (C, 1)}[form]
         array = ctx.rng.uniform(0.0, 2.0, (*lead, *shape)).astype(ctx.np_T)
-        dims = False if ctx.rng.random() < 0.3 else [*_lead(ctx), *shape]
-        post.replace_input_with(2, _graph_input(model, ctx, ctx.name("post_mix"), array, dims))
+        dims = False if ctx.rng.random() < 0.3 else [*declared_lead(ctx), *shape]
+        post.replace_input_with(2, graph_input(model, ctx, ctx.name("post_mix"), array, dims))
         if ctx.rng.random() < 0.5 and post.inputs[1].producer() is not None:
             post.inputs[1].shape = None  # prev_block_output of unknown shape too (no value_info)
             form += "+prev_out_unknown"
     elif form == "prev_out_unknown":
-        array = _random_like(ctx, (*lead, H))
-        post.replace_input_with(1, _graph_input(model, ctx, ctx.name("prev_out"), array, False))
+        array = random_like(ctx, (*lead, H))
+        post.replace_input_with(1, graph_input(model, ctx, ctx.name("prev_out"), array, False))
     else:
-        array = _random_like(ctx, (*lead, C, C), 0.5)
+        array = random_like(ctx, (*lead, C, C), 0.5)
         post.resize_inputs(4)
-        post.replace_input_with(3, _graph_input(model, ctx, ctx.name("stream_mix"), array))
+        post.replace_input_with(3, graph_input(model, ctx, ctx.name("stream_mix"), array))
     return f"postmix_form:{form}"
-
-
-def in_function(model, ctx):
-    """The whole chain inside a model-local function called by the main graph (initializers become
-    Constant nodes); maybe with an attribute given by reference (ref_attr_name)."""
-    if ctx.late:
-        return None  # one function
-    ref = ctx.pick([None, "epsilon", "num_branches"])
-    if ref == "epsilon" and not any(n.op_type == _op.BRANCH_NORM and "epsilon" in n.attributes for n in model.graph):
-        ref = None
-    ctx.late.append((_wrap_in_function, (ref,)))
-    return f"in_function:{'ref ' + ref if ref else 'plain'}"
-
-
-def in_if(model, ctx):
-    """The whole chain inside both branches of an If on a boolean graph input (a subgraph reading the
-    main graph's inputs and initializers from the outer scope); the feed picks a branch."""
-    if ctx.late:
-        return None  # one wrapper
-    flag = bool(ctx.rng.random() < 0.5)
-    cond = ir.Value(name="fuzz_cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
-    model.graph.inputs.append(cond)
-    ctx.feeds["fuzz_cond"] = np.array(flag)
-    ctx.late.append((_wrap_in_if, ()))
-    return f"in_if:{'then' if flag else 'else'} branch"
-
-
-def _branch(graph: onnx.GraphProto, tag: str) -> onnx.GraphProto:
-    """graph's nodes as an If branch: values it computes renamed tag/..., outer-scope names kept."""
-    outer = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    rename = {}
-
-    def name(n: str) -> str:
-        return n if not n or n in outer else rename.setdefault(n, f"{tag}/{n}")
-
-    nodes = []
-    for node in graph.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        copy.name = f"{tag}/{node.name}" if node.name else ""
-        copy.input[:] = [name(n) for n in node.input]
-        copy.output[:] = [name(n) for n in node.output]
-        nodes.append(copy)
-    infos = []
-    for value in [*graph.value_info, *graph.output]:
-        info = onnx.ValueInfoProto()
-        info.CopyFrom(value)
-        info.name = name(value.name)
-        infos.append(info)
-    outputs, value_info = infos[len(graph.value_info):], infos[:len(graph.value_info)]
-    return onnx.helper.make_graph(nodes, tag, [], outputs, value_info=value_info)
-
-
-def _wrap_in_if(proto: onnx.ModelProto) -> None:
-    graph = proto.graph
-    then_branch, else_branch = _branch(graph, "then"), _branch(graph, "else")
-    node = onnx.helper.make_node("If", ["fuzz_cond"], [v.name for v in graph.output], name="fuzz_if",
-                                 then_branch=then_branch, else_branch=else_branch)
-    del graph.node[:]
-    graph.node.append(node)
-    del graph.value_info[:]
-
-
-def node_names(model, ctx):
-    """Nodes without names (exporters leave them out; one name on every node onnxruntime refuses)."""
-    for node in model.graph:
-        node.name = ""
-    return "node_names:empty"
-
-
-def two_chains(model, ctx):
-    """A second, independent chain of another C (same H and type) in the same graph; maybe one (H) norm
-    scale shared by a block of each (flattened once per C), or one packed weight name prefix."""
-    from tests.fuzz.bases import build
-
-    base = ctx.base
-    C2 = 2 if base.C != 2 else 4
-    other = dataclasses.replace(base, C=C2, R=int(ctx.rng.choice([2, 4, 8])), prologue_first=False,
-                                num_blocks=int(ctx.rng.integers(1, 3)),
-                                options={**base.options, "weights_as_inputs": False, "tile_embeddings": True,
-                                         "extra_add_before": ()})
-    graph = build(other).graph
-    prefix = ctx.name("chain") + "/"
-    for value in [*graph.inputs, *graph.initializers.values()]:
-        value.name = prefix + value.name
-    nodes = list(graph)
-    for node in nodes:
-        node.name = prefix + node.name
-        for value in node.outputs:
-            value.name = prefix + value.name
-    inputs, outputs, inits = list(graph.inputs), list(graph.outputs), list(graph.initializers.values())
-    graph.inputs.clear()
-    graph.outputs.clear()
-    graph.initializers.clear()
-    graph.remove(nodes)
-    model.graph.extend(nodes)
-    model.graph.inputs.extend(inputs)
-    model.graph.outputs.extend(outputs)
-    for value in inits:
-        model.graph.register_initializer(value)
-    (embeds,) = inputs
-    ctx.feeds[embeds.name] = _random_like(ctx, (*base.lead, base.H))
-    shared = ""
-    if ctx.rng.random() < 0.6:
-        mine, theirs = ctx.pick(blocks(model)[:base.num_blocks]), ctx.pick(blocks(model)[base.num_blocks:])
-        if mine is not None and theirs is not None and mine.get("scale") is not None:
-            tensor = ir.convenience.get_const_tensor(mine["scale"])
-            if tensor is not None and tensor.shape.dims[-1] % base.H == 0:
-                scale = _initializer(model, ctx.name("shared_scale_h"), np.asarray(tensor.numpy()).reshape(-1)[:base.H])
-                mine["norm"].replace_input_with(1, scale)
-                theirs["norm"].replace_input_with(1, scale)
-                shared = " sharing an (H) scale"
-    return f"two_chains:C={C2}{shared}"
-
-
-def _wrap_in_function(proto: onnx.ModelProto, ref: str | None) -> None:
-    graph = proto.graph
-    inits = {t.name for t in graph.initializer}
-    nodes = [onnx.helper.make_node("Constant", [], [t.name], value=t) for t in graph.initializer]
-    attr_value = None
-    for node in graph.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        if ref:
-            for a in copy.attribute:
-                if a.name == ref and node.op_type in (_op.BRANCH_NORM, _op.PRE_MIX, _op.POST_MIX):
-                    attr_value = onnx.helper.get_attribute_value(a) if attr_value is None else attr_value
-                    if onnx.helper.get_attribute_value(a) == attr_value:
-                        kind = a.type
-                        a.Clear()
-                        a.name, a.ref_attr_name, a.type = ref, "fuzz_" + ref, kind
-        nodes.append(copy)
-    inputs = [v.name for v in graph.input if v.name not in inits]
-    outputs = [v.name for v in graph.output]
-    imports = list(proto.opset_import)
-    fn = onnx.helper.make_function("fuzz.local", "Chain", inputs, outputs, nodes, imports,
-                                   attributes=[] if attr_value is None else ["fuzz_" + ref])
-    call_attrs = {} if attr_value is None else {"fuzz_" + ref: attr_value}
-    call = onnx.helper.make_node("Chain", inputs, outputs, domain="fuzz.local", name="fuzz_chain", **call_attrs)
-    del graph.node[:]
-    graph.node.append(call)
-    del graph.initializer[:]
-    keep = [v for v in graph.input if v.name not in inits]
-    del graph.input[:]
-    graph.input.extend(keep)
-    del graph.value_info[:]
-    proto.functions.append(fn)
-    proto.opset_import.append(onnx.helper.make_opsetid("fuzz.local", 1))
 
 
 MUTATIONS = {
@@ -798,3 +533,4 @@ MUTATIONS = {
               extra_output, replace_op, split_change, shared_weight, transposed_weight, wrong_producer,
               name_clash, strip_shapes, postmix_form, in_function, in_if, node_names, two_chains)
 }
+
