@@ -123,19 +123,34 @@ def test_chain_inside_a_function_with_untyped_inputs_is_left_with_a_reason(hcfus
     _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
 
 
-def test_reference_attribute_is_left_with_a_reason(hcfuse_lib):
+def test_float_reference_attribute_passes_on_to_the_fused_node(hcfuse_lib):
     original = _model(1, packed=False, final_mix=False)
     function = _into_function(original, typed_inputs=True,
                               attributes=[ir.Attr("eps", ir.AttributeType.FLOAT, 1e-5)])
     norm = next(n for n in function if n.op_type == _op.BRANCH_NORM)
     norm.attributes["epsilon"] = ir.RefAttr("epsilon", "eps", ir.AttributeType.FLOAT)
-    call = _node(original, "HcBlocks")
-    call.attributes["eps"] = ir.AttrFloat32("eps", 1e-6)
+    _node(original, "HcBlocks").attributes["eps"] = ir.AttrFloat32("eps", 0.5)  # large enough to matter
     model = original.clone()
     report = fuse_with_report(model)  # was TypeError
+    assert len(report.fused) == 1 and report.rejected == []
+    [fused] = [n for n in next(iter(model.functions.values())) if n.op_type == _op.OP_TYPE]
+    epsilon = fused.attributes["epsilon"]
+    assert epsilon.is_ref() and epsilon.ref_attr_name == "eps"
+    _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
+
+
+def test_num_branches_by_reference_is_left_with_a_reason(hcfuse_lib):
+    original = _model(1, packed=False, final_mix=False)
+    function = _into_function(original, typed_inputs=True,
+                              attributes=[ir.Attr("branches", ir.AttributeType.INT, C)])
+    norm = next(n for n in function if n.op_type == _op.BRANCH_NORM)
+    norm.attributes["num_branches"] = ir.RefAttr("num_branches", "branches", ir.AttributeType.INT)
+    _node(original, "HcBlocks").attributes["branches"] = ir.AttrInt64("branches", C)
+    model = original.clone()
+    report = fuse_with_report(model)
     assert report.fused == []
     [rejected] = report.rejected
-    assert "attribute epsilon of BranchwiseRMSNorm" in rejected.reason and "'eps'" in rejected.reason
+    assert "attribute num_branches of BranchwiseRMSNorm" in rejected.reason and "'branches'" in rejected.reason
     _assert_same(original, model, hcfuse_lib, _embeds(2, 3))
 
 
@@ -237,3 +252,28 @@ def test_chain_inside_an_if_branch_is_fused_there(hcfuse_lib):
         assert _op.BRANCH_NORM not in ops and _op.OP_TYPE in ops
     for flag in (True, False):
         _assert_same(original, model, hcfuse_lib, {"cond": np.array(flag), **_embeds(2, 3)})
+
+
+def test_blocks_left_in_if_branches_each_get_a_report_entry():
+    """Unnamed nodes in two branches, a block in each that differs from the stock block: every block
+    left unfused has its own entry, with its own anchor."""
+    embeds = ir.Value(name="inputs_embeds", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(["batch", "seq", H]))
+    cond = ir.Value(name="cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    branches = []
+    for tag in ("then", "else"):
+        branch = _as_branch(_model(2), embeds, tag)
+        for node in branch:
+            node.name = ""
+        next(n for n in branch if n.op_type == "Sigmoid").op_type = "Tanh"  # block 0's up gate
+        branch.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+        branches.append(branch)
+    node = ir.node("If", [cond], {"then_branch": ir.AttrGraph("then_branch", branches[0]),
+                                  "else_branch": ir.AttrGraph("else_branch", branches[1])}, name="if")
+    node.outputs[0].name, node.outputs[0].type = "hidden_states", ir.TensorType(ir.DataType.FLOAT)
+    model = ir.Model(ir.Graph([cond, embeds], node.outputs, nodes=[node], opset_imports={"": 21, _op.DOMAIN: 1}),
+                     ir_version=10)
+    report = fuse_with_report(model)
+    assert len(report.fused) == 4  # per branch: block 1 and the final mix
+    blocks = [b for b in report.rejected if not b.reason.startswith("prologue not fused")]
+    assert len(blocks) == 2 and len({b.anchor for b in blocks}) == 2 and all(b.anchor for b in blocks)
+    assert all("differ from the stock block" in b.reason for b in blocks), blocks

@@ -101,7 +101,12 @@ class BlockCheck:
                      nodes=tuple(n.name for n in nodes), attrs=attrs, C=C, H=H, R=R, T=T,
                      norm_layout=layout, streams_out=streams_out)
 
-    def float_attr(self, var: str, node_key: str, name: str, default: float) -> float:
+    def float_attr(self, var: str, node_key: str, name: str, default: float, fused_name: str | None = None):
+        """A float attribute's value; a float attribute of a function body that refers to the function's
+        own attribute passes on to the fused node as the same reference (resolved at each call site)."""
+        attr = self.b[var]
+        if attr is not None and attr.is_ref() and attr.type == ir.AttributeType.FLOAT:
+            return ir.RefAttr(fused_name or name, attr.ref_attr_name, ir.AttributeType.FLOAT)
         value = self.attr(var, node_key, name, default)
         if not isinstance(value, (int, float)):
             raise Reject(f"attribute {name} of {_node_name(self.b[node_key].producer())} must be a float; got {value!r}")
@@ -229,9 +234,9 @@ class BlockCheck:
         if dims is not None and (not dims or dims[-1] not in (None, CH) and isinstance(dims[-1], int)):
             raise Reject(f"streams {streams.name!r} must be (..., {CH}); got {dims}")
 
-    def silu_alpha(self) -> float:
+    def silu_alpha(self) -> float | ir.Attr:
         node = self.b["d"].producer()
-        alpha = self.float_attr("silu_alpha", "d", "alpha", 1.0)
+        alpha = self.float_attr("silu_alpha", "d", "alpha", 1.0, fused_name="silu_alpha")
         if len(node.inputs) < 2 or node.inputs[1] is None:
             return alpha
         scale = node.inputs[1]

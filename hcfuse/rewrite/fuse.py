@@ -9,6 +9,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import _basics
 
 from hcfuse import _op
+from hcfuse.rewrite.derived_weights import NameScope
 from hcfuse.rewrite.hc_lowrank_mix import hc_lowrank_mix_rules, make_ruleset
 from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
 from hcfuse.rewrite.session import CheckFailure, FusionSession
@@ -29,7 +30,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
     report = FusionReport(fused=[FusedBlock(f.rule, f.node, f.replaced, f.anchor, f.prologue) for f in session.fused])
     _remove_dead(session.maybe_dead)
     if count:
-        for graph in (*model.graphs(), *(f.graph for f in model.functions.values())):
+        for graph in _all_graphs(model):
             graph.sort()
         model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
         model.graph.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
@@ -44,14 +45,24 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
 
 
 def _name_anchors(model: ir.Model) -> None:
-    """Unique node names where a candidate's BranchwiseRMSNorm has none or shares one: the report and
-    the fused node's name go by it. (The rewriter names every node after a fusion anyway.)"""
-    names = collections.Counter(
-        node.name for graph in (model.graph, *model.functions.values()) for node in graph
-        if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN
-    )
-    if any(not name or n > 1 for name, n in names.items()):
-        ir.passes.common.NameFixPass()(model)
+    """A name of its own (in the whole model, subgraphs and functions included) for each candidate's
+    BranchwiseRMSNorm that has none or shares one: the report and the fused node's name go by it."""
+    names = NameScope(model)
+    seen: set[str] = set()
+    for graph in _all_graphs(model):
+        for node in graph:
+            if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN:
+                if not node.name or node.name in seen:
+                    node.name = names.fresh(node.name or _op.BRANCH_NORM)
+                seen.add(node.name)
+
+
+def _all_graphs(model: ir.Model) -> list[ir.Graph | ir.Function]:
+    """The main graph, the model-local functions and every subgraph (If/Loop bodies) of either."""
+    graphs: list[ir.Graph | ir.Function] = list(model.graphs())
+    for function in model.functions.values():
+        graphs += [function, *function.subgraphs()]
+    return graphs
 
 
 def fuse_hc_lowrank_mix(model: ir.Model, debug: bool = False) -> int:
@@ -93,7 +104,7 @@ def _rejections(model: ir.Model, failures: list[CheckFailure], fused: dict[str, 
             continue
         blocking = [f for f in items if not f.prologue_only] or items
         out.append(Rejection(blocking[0].rule, anchor, blocking[0].reason))
-    for where in (model.graph, *model.functions.values()):
+    for where in _all_graphs(model):
         for node in where:
             if node.op_type == _op.BRANCH_NORM and node.domain == _op.DOMAIN and node.name not in by_anchor:
                 out.append(Rejection("", node.name, _structural_reason(model, where, node)))
