@@ -23,11 +23,9 @@ from tests.fuzz.mutations import MUTATIONS
 # Findings still open in the pass (tests/fuzz_findings.md): (label prefix, finding status or None for any,
 # finding). A label prefix is a kind ("in_if") or "kind:detail". A finding of that status on a mutant with
 # such a mutation is reported in the summary but does not fail the test. An entry leaves this list when
-# the fusion branch's fix is merged and the fuzz passes without it. F1-F5 were fixed by the fusion branch
-# (merged at 92a5c8e): no entry.
-KNOWN_OPEN = [
-    ("in_if", "report_gap", "F6: candidates inside an If branch left unfused without a report entry"),
-]
+# the fusion branch's fix is merged and the fuzz passes without it. F1-F6 are fixed by the fusion branch
+# (merged up to 25dc18f): none is open.
+KNOWN_OPEN: list[tuple[str, str | None, str]] = []
 
 
 def _known_open(outcome: run.Outcome) -> str | None:
