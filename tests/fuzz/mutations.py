@@ -527,10 +527,37 @@ def postmix_form(model, ctx):
     return f"postmix_form:{form}"
 
 
+def lying_shapes(model, ctx):
+    """A value_info that contradicts the graph (onnxruntime warns and runs): a prologue's post_mix
+    computed as (..., C, H) but declared (..., C), or an intermediate of a block declared with another
+    last dim or rank. The pass must prove facts from the graph, not trust such a declaration."""
+    C, H = ctx.base.C, ctx.base.H
+    b = ctx.block(model, ("post",)) if ctx.rng.random() < 0.5 else None
+    if b is not None:
+        post = b["post"]
+        source = graph_input(model, ctx, ctx.name("post_mix_ch"),
+                             ctx.rng.uniform(0.0, 2.0, (*ctx.base.lead, C, H)).astype(ctx.np_T))
+        declared = add_node(model, post, "Identity", [source], dtype=ctx.T, shape=[*declared_lead(ctx), C],
+                            name=ctx.name("post_mix_declared_c"))
+        post.replace_input_with(2, declared)
+        return "lying_shapes:post_mix (..., C, H) declared (..., C)"
+    b = ctx.block(model)
+    if b is None:
+        return None
+    role = ctx.pick([r for r in _INTERMEDIATES if _intermediate(b, r) is not None and not _intermediate(b, r).is_graph_output()])
+    if role is None:
+        return None
+    value = _intermediate(b, role)
+    dims = [*declared_lead(ctx), C * H]
+    form = ctx.pick(["last", "rank"])
+    value.shape = ir.Shape(dims[:-1] + [int(ctx.rng.choice([C, H, C * H, 1]))] if form == "last" else [*dims, 1])
+    return f"lying_shapes:{role} {form}"
+
+
 MUTATIONS = {
     f.__name__: f
     for f in (swap_inputs, attr_change, grouped_form, const_shape, const_nonconst, overridable, norm_layout, extra_consumer,
               extra_output, replace_op, split_change, shared_weight, transposed_weight, wrong_producer,
-              name_clash, strip_shapes, postmix_form, in_function, in_if, node_names, two_chains)
+              name_clash, strip_shapes, postmix_form, in_function, in_if, node_names, two_chains, lying_shapes)
 }
 
