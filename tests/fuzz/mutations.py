@@ -103,6 +103,7 @@ def grouped_form(model, ctx):
             slot[0].replace_input_with(slot[1], initializer(model, ctx.name(role + "_grouped"),
                                                              random_like(ctx, dims, dims[0] ** -0.5)))
     if b.get("split") is not None:
+        b["split"].resize_inputs(2)
         b["split"].replace_input_with(1, initializer(model, ctx.name("sizes_grouped"), np.array([R, 1], np.int64)))
     for role in ("hn", "down", "inject", "d", "up", "g", "gate", "packed_out", "div_out", "sig_out"):
         v = _intermediate(b, role) if role in _INTERMEDIATES else b.get(role)
@@ -548,6 +549,7 @@ def lying_shapes(model, ctx):
     if role is None:
         return None
     value = _intermediate(b, role)
+    value.type = value.type or ir.TensorType(ctx.T)  # a declared shape needs its type (strip_shapes removes it)
     dims = [*declared_lead(ctx), C * H]
     form = ctx.pick(["last", "rank"])
     value.shape = ir.Shape(dims[:-1] + [int(ctx.rng.choice([C, H, C * H, 1]))] if form == "last" else [*dims, 1])
