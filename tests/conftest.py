@@ -92,3 +92,33 @@ def make_session(hcfuse_lib):
                                  config=session_config)
 
     return make
+
+
+# ---- differential fuzz of the fusion pass (tests/test_fuzz_fusion.py) ----------------------------
+
+FUZZ_MUTANTS = 300  # the CI size: well under a minute on a 2-core machine
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("hcfuse fuzz", "differential fuzz of the fusion pass")
+    group.addoption("--fuzz-mutants", type=int, default=None,
+                    help=f"mutants the fusion fuzz runs (default ${{HCFUSE_FUZZ_MUTANTS}} or {FUZZ_MUTANTS})")
+    group.addoption("--fuzz-seed", type=int, default=None,
+                    help="seed of the fusion fuzz (default ${HCFUSE_FUZZ_SEED} or 0)")
+
+
+def _option_or_env(config, option: str, env: str, default: int) -> int:
+    import os
+
+    value = config.getoption(option)
+    return int(value if value is not None else os.environ.get(env, default))
+
+
+@pytest.fixture(scope="session")
+def fuzz_mutants(request) -> int:
+    return _option_or_env(request.config, "--fuzz-mutants", "HCFUSE_FUZZ_MUTANTS", FUZZ_MUTANTS)
+
+
+@pytest.fixture(scope="session")
+def fuzz_seed(request) -> int:
+    return _option_or_env(request.config, "--fuzz-seed", "HCFUSE_FUZZ_SEED", 0)

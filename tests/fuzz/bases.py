@@ -1,0 +1,160 @@
+"""Valid stock chains the fuzz mutates: 1-4 blocks of models/qwen_decode.py's builder at tiny sizes, in
+the separate and the packed (MatMul + Split) form, float or float16 (bfloat16: see run.py), with and
+without a prologue in front of block 0, and the locator of each block's nodes and values."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from hcfuse import _op
+from models.qwen_decode import make_decode_model
+
+DTYPES = (np.float32, np.float16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Base:
+    """The options of one base chain (all that is needed to rebuild it) and its concrete feed dims."""
+
+    num_blocks: int
+    C: int
+    H: int
+    R: int
+    dtype: type
+    packed: bool
+    leading_dims: tuple  # as declared: ints or symbols
+    lead: tuple  # the concrete leading dims fed at run time
+    options: dict  # the remaining make_decode_model options
+    prologue_first: bool  # block 0 gets a prologue reading graph inputs
+    opset: int = 21  # of the default domain (Split takes its sizes as an input from 13 on)
+
+    def describe(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return (f"{self.num_blocks} blocks C={self.C} H={self.H} R={self.R} {np.dtype(self.dtype).name} "
+                f"{'packed' if self.packed else 'separate'} lead={self.leading_dims}->{self.lead} "
+                f"{'prologue-first ' if self.prologue_first else ''}opset {self.opset} {opts}")
+
+
+def random_base(rng: np.random.Generator) -> Base:
+    """A random valid chain: every shape, form and option the builder offers, at tiny sizes."""
+    C = int(rng.choice([4, 4, 4, 2]))
+    H = int(rng.choice([8, 16, 16, 32, C]))  # H == C makes (..., C) and (..., H) shapes collide
+    R = int(rng.choice([4, 8, C]))
+    forms = [("rows",), ("batch", "seq"), (2,), (1, 3), ("num_tokens",)]
+    leading = forms[int(rng.integers(len(forms)))]
+    lead = tuple(d if isinstance(d, int) else int(rng.integers(1, 4)) for d in leading)
+    num_blocks = int(rng.integers(1, 5))
+    options = {
+        "gate_div": float(rng.choice([4.0, 4.0, 1.0])),
+        "gate_mul": float(rng.choice([2.0, 2.0, 1.0])),
+        "epsilon": None if rng.random() < 0.2 else float(rng.choice([1e-6, 1e-5, 1e-2])),
+        "reduction_scale": float(rng.choice([0.25, 1.0])),
+        "silu_alpha": float(rng.choice([0.25, 1.0, 1.5])),
+        "constants": str(rng.choice(["node", "initializer"])),
+        "constant_shape": ((), (1,))[int(rng.integers(2))],
+        "sublayer": str(rng.choice(["matmul", "identity"])),
+        "final_mix": bool(rng.random() < 0.3),
+        "tile_embeddings": bool(rng.random() < 0.7),
+        "weights_as_inputs": bool(rng.random() < 0.1),
+    }
+    if num_blocks > 2 and rng.random() < 0.3:
+        options["num_weight_sets"] = 1  # every block reads the same weights
+    if num_blocks > 1 and rng.random() < 0.15:
+        options["extra_add_before"] = (int(rng.integers(1, num_blocks)),)
+    dtype, packed, prologue_first = DTYPES[int(rng.integers(len(DTYPES)))], bool(rng.random() < 0.6), bool(rng.random() < 0.3)
+    if rng.random() < 0.08 and any(isinstance(d, str) for d in leading):
+        first = next(i for i, d in enumerate(leading) if isinstance(d, str))
+        lead = tuple(0 if i == first else d for i, d in enumerate(lead))  # zero rows
+    opset = int(rng.choice([21, 21, 21, 18, 17, 13]))
+    return Base(num_blocks, C, H, R, dtype, packed, leading, lead, options, prologue_first, opset)
+
+
+def build(base: Base) -> ir.Model:
+    proto = make_decode_model(base.num_blocks, C=base.C, H=base.H, R=base.R, dtype=base.dtype, packed=base.packed,
+                              leading_dims=base.leading_dims, **base.options)
+    model = ir.from_proto(proto)
+    model.opset_imports[""] = base.opset
+    if base.prologue_first:
+        _add_leading_prologue(model, base)
+    return model
+
+
+def _add_leading_prologue(model: ir.Model, base: Base) -> None:
+    """HyperConnectionPostMix(streams, prev_block_output, prev_post_gate) in front of block 0, both
+    extra inputs graph inputs (a chain cut out of a longer model)."""
+    norm = next(n for n in model.graph if n.op_type == _op.BRANCH_NORM)
+    T = ir.TensorType(ir.DataType.from_numpy(np.dtype(base.dtype)))
+    lead = list(base.leading_dims)
+    prev_out = ir.Value(name="prev_block_output", type=T, shape=ir.Shape([*lead, base.H]))
+    prev_gate = ir.Value(name="prev_post_gate", type=T, shape=ir.Shape([*lead, base.C]))
+    model.graph.inputs.extend([prev_out, prev_gate])
+    streams = norm.inputs[0]
+    s = ir.Value(name="fuzz/prologue0/output_0", type=T, shape=streams.shape)
+    post = ir.node(_op.POST_MIX, [streams, prev_out, prev_gate], {"num_branches": base.C}, domain=_op.DOMAIN,
+                   outputs=[s], name="/model/fuzz_prologue0/injection")
+    model.graph.insert_before(norm, post)
+    for user, index in list(streams.uses()):
+        if user is not post:
+            user.replace_input_with(index, s)
+
+
+def _users(value: ir.Value | None, op_type: str) -> list[ir.Node]:
+    if value is None:
+        return []
+    return [user for user, _ in value.uses() if user.op_type == op_type]
+
+
+def _first(nodes: list):
+    return nodes[0] if nodes else None
+
+
+def _out(node: ir.Node | None, index: int = 0) -> ir.Value | None:
+    return None if node is None or len(node.outputs) <= index else node.outputs[index]
+
+
+def _in(node: ir.Node | None, index: int) -> ir.Value | None:
+    return None if node is None or len(node.inputs) <= index else node.inputs[index]
+
+
+def blocks(model: ir.Model) -> list[dict]:
+    """Per BranchwiseRMSNorm (graph order), the block's nodes and values by role, best effort: a role a
+    mutation already broke is None (or missing)."""
+    found = []
+    for norm in model.graph:
+        if norm.op_type != _op.BRANCH_NORM:
+            continue
+        b = {"norm": norm, "hn": _out(norm), "streams": _in(norm, 0), "scale": _in(norm, 1)}
+        producer = b["streams"].producer() if b["streams"] is not None else None
+        b["post"] = producer if producer is not None and producer.op_type == _op.POST_MIX else None
+        matmuls = _users(b["hn"], "MatMul")
+        split = None
+        for mm in matmuls:
+            split = split or _first(_users(_out(mm), "Split"))
+        if split is not None:
+            b.update(packed_mm=split.inputs[0].producer(), split=split, packed_w=_in(split.inputs[0].producer(), 1),
+                     sizes=_in(split, 1), down=_out(split, 0), inject=_out(split, 1))
+        else:
+            silu_mm = [mm for mm in matmuls if _users(_out(mm), _op.SCALED_SILU)]
+            other = [mm for mm in matmuls if mm not in silu_mm]
+            b.update(down_mm=_first(silu_mm), inject_mm=_first(other))
+            b.update(down=_out(b["down_mm"]), inject=_out(b["inject_mm"]),
+                     down_w=_in(b["down_mm"], 1), inject_w=_in(b["inject_mm"], 1))
+        b["silu"] = _first(_users(b["down"], _op.SCALED_SILU))
+        b["d"] = _out(b["silu"])
+        b["up_mm"] = _first(_users(b["d"], "MatMul"))
+        b["up_w"], b["up"] = _in(b["up_mm"], 1), _out(b["up_mm"])
+        b["up_sig"] = _first(_users(b["up"], "Sigmoid"))
+        b["g"] = _out(b["up_sig"])
+        b["premix"] = _first(_users(b["hn"], _op.PRE_MIX))
+        b["pre"] = _out(b["premix"])
+        b["div"] = _first(_users(b["inject"], "Div"))
+        b["gate_div"] = _in(b["div"], 1)
+        b["gate_sig"] = _first(_users(_out(b["div"]) if b["div"] else b["inject"], "Sigmoid"))
+        b["mul"] = _first(_users(_out(b["gate_sig"]), "Mul"))
+        b["gate_mul"] = _in(b["mul"], 1) if b["mul"] is not None else None
+        b["gate"] = _out(b["mul"]) if b["mul"] is not None else _out(b["gate_sig"])
+        found.append(b)
+    return found
