@@ -10,7 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from hcfuse import _op
-from models.qwen_decode import make_decode_model
+from hcfuse.models.qwen_decode import make_decode_model
 
 DTYPES = (np.float32, np.float16)
 
