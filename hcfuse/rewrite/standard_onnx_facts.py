@@ -11,40 +11,16 @@ import numpy as np
 import onnx_ir as ir
 
 from hcfuse import _op
+from hcfuse.rewrite.values import true_constant
 
 FLOAT_TYPES = {ir.DataType(t) for t in _op.ELEMENT_TYPES}
 Dims = tuple  # of int (static), str (named symbol) or None (unknown)
-
-
-def true_constant(value: ir.Value | None) -> ir.TensorProtocol | None:
-    """The tensor of a true constant (see the module doc), else None. Never reads a graph input."""
-    if value is None or value.is_graph_input():
-        return None
-    producer = value.producer()
-    if producer is not None and (producer.op_type != "Constant" or producer.domain not in ("", "ai.onnx")):
-        return None
-    if producer is None and not value.is_initializer():
-        return None
-    try:
-        return ir.convenience.get_const_tensor(value)
-    except ValueError:  # a malformed Constant node: not provably a constant
-        return None
 
 
 def constant_array(value: ir.Value | None) -> np.ndarray | None:
     """true_constant's data as an array, else None."""
     tensor = true_constant(value)
     return None if tensor is None else tensor.numpy()
-
-
-def describe(value: ir.Value) -> str:
-    if value.is_graph_input():
-        kind = "graph input (an overridable initializer)" if value.is_initializer() else "graph input"
-        return f"{kind} {value.name!r}"
-    producer = value.producer()
-    if producer is not None:
-        return f"{producer.op_type} output {value.name!r}"
-    return f"initializer {value.name!r}"
 
 
 def dims(value: ir.Value | None) -> Dims | None:
