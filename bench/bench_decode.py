@@ -115,7 +115,9 @@ class ChainRunner:
             path, _, tuning = variant.partition("@")
             path, _, design = path.partition("/")
             env["HCFUSE_FORCE_PATH"] = path
-            if design:
+            if design == "batched":  # the cluster design with stage 1's batched loads (HCFUSE_FAST_BATCH)
+                env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1")
+            elif design:
                 env["HCFUSE_FAST_DESIGN"] = design
             if tuning:
                 env.update(zip(TUNING_ENV, tuning.split(",")))

@@ -213,24 +213,52 @@ def test_both_cluster_sizes_match_reference(fast_session, rng, monkeypatch, clus
     _check_against_reference(got, _reference(feeds, weights, QWEN["C"]), f"cluster={cluster} rows={rows}")
 
 
+# Shapes and row counts of the same-bits tests: one pass, several passes (33 rows), small shapes.
+SAME_BITS_CASES = pytest.mark.parametrize(
+    "shape,rows", [(QWEN, 1), (QWEN, 2), (QWEN, 3), (QWEN, 16), (QWEN, 33),
+                   (dict(C=4, H=256, R=512), 7), (dict(C=4, H=1024, R=64), 5)],
+    ids=["qwen-1", "qwen-2", "qwen-3", "qwen-16", "qwen-33", "4x256x512-7", "4x1024x64-5"])
+
+
+def _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, env_name, base, other):
+    """Every output with env_name=other equals env_name=base bit for bit, and keeps the bound."""
+    model, weights, feeds = _case(**shape, dtype=dtype, rows=rows, prologue=prologue, rng=rng)
+    results = {}
+    for value in (base, other):
+        monkeypatch.setenv(env_name, value)
+        results[value] = run_bound(fast_session(model), feeds, device="cuda")
+    for name in results[other]:
+        assert_bitwise_equal(results[other][name], results[base][name],
+                             f"rows={rows} {name}: {env_name}={other} vs {base}")
+    _check_against_reference(results[other], _reference(feeds, weights, shape["C"]), f"{env_name}={other} rows={rows}")
+
+
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("shape,rows", [(QWEN, 1), (QWEN, 3), (QWEN, 16), (QWEN, 33),
-                                        (dict(C=4, H=256, R=512), 7), (dict(C=4, H=1024, R=64), 5)],
-                         ids=["qwen-1", "qwen-3", "qwen-16", "qwen-33", "4x256x512-7", "4x1024x64-5"])
+@SAME_BITS_CASES
 def test_plain_and_cluster_designs_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows):
     """The plain design (no clusters; hc_fast_plain.cu) sums every value in the cluster design's order,
     so HCFUSE_FAST_DESIGN=plain and =cluster agree bit for bit (the automatic choice switches between
     them by row count without breaking row independence)."""
     if compute_capability()[0] != 9:
         pytest.skip("the plain design runs on sm_90 only")
-    model, weights, feeds = _case(**shape, dtype=dtype, rows=rows, prologue=True, rng=rng)
-    results = {}
-    for design in ("cluster", "plain"):
-        monkeypatch.setenv("HCFUSE_FAST_DESIGN", design)
-        results[design] = run_bound(fast_session(model), feeds, device="cuda")
-    for name in results["plain"]:
-        assert_bitwise_equal(results["plain"][name], results["cluster"][name], f"rows={rows} {name}: plain vs cluster")
-    _check_against_reference(results["plain"], _reference(feeds, weights, shape["C"]), f"plain rows={rows}")
+    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_DESIGN", "cluster", "plain")
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@SAME_BITS_CASES
+@pytest.mark.parametrize("prologue", [True, False], ids=["prologue", "no-prologue"])
+def test_batched_stage1_gives_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, prologue):
+    """HCFUSE_FAST_BATCH=1 only reorders stage 1's loads and stores (stream loads of a part in one batch,
+    streams_out / hn_out after the last cluster barrier), so every output equals the default's bit for
+    bit, at one pass and several (33 rows), with and without the prologue."""
+    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, "HCFUSE_FAST_BATCH", "0", "1")
+
+
+def test_bad_batch_value_is_a_clear_error(fast_session, rng, monkeypatch):
+    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
+    monkeypatch.setenv("HCFUSE_FAST_BATCH", "yes")
+    with pytest.raises(Exception, match="HCFUSE_FAST_BATCH must be 0 or 1"):
+        fast_session(model)
 
 
 def test_bad_design_value_is_a_clear_error(fast_session, rng, monkeypatch):

@@ -90,17 +90,25 @@ __device__ __forceinline__ cuda::Vec<T, 4> LoadVec4(const T* p) {
   return v;
 }
 
-// S for four features of one row (the prologue folded in and rounded, rounding point: S).
+// S for four features of one row from their streams (sv) and prev_block_output (pv, PRO only) values
+// (the prologue folded in and rounded, rounding point: S).
 template <typename T, bool PRO>
-__device__ __forceinline__ void LoadS4(const T* streams, const T* prev, float gate, float (&s)[4]) {
-  const cuda::Vec<T, 4> sv = LoadVec4<T>(streams);
-  cuda::Vec<T, 4> pv;
-  if constexpr (PRO) pv = LoadVec4<T>(prev);
+__device__ __forceinline__ void S4FromVecs(const cuda::Vec<T, 4>& sv, const cuda::Vec<T, 4>& pv, float gate,
+                                           float (&s)[4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     s[j] = ToFloat<T>(sv.v[j]);
     if constexpr (PRO) s[j] = RoundToT<T>(cuda::PrologueS(s[j], gate, ToFloat<T>(pv.v[j])));
   }
+}
+
+// S for four features of one row, loaded from streams and prev (PRO only).
+template <typename T, bool PRO>
+__device__ __forceinline__ void LoadS4(const T* streams, const T* prev, float gate, float (&s)[4]) {
+  const cuda::Vec<T, 4> sv = LoadVec4<T>(streams);
+  cuda::Vec<T, 4> pv{};
+  if constexpr (PRO) pv = LoadVec4<T>(prev);
+  S4FromVecs<T, PRO>(sv, pv, gate, s);
 }
 
 // sum over g = 0..groups-1 of p[g] in that order (p 16-byte aligned, written by stage 1).

@@ -49,7 +49,7 @@ struct FastDims {
   int piece;          // stage 2: elements per copy (8: 16-byte copies, 4: 8-byte copies)
   int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
   int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
-  bool ss_local, hidden_local, has_prologue;
+  bool ss_local, hidden_local, has_prologue, batch;
   float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
   unsigned long long* timeline;  // the timeline probe's records (HCFUSE_FAST_TIMELINE builds)
   int slot;
@@ -82,10 +82,14 @@ struct Stage2Layout {
 };
 
 // ------------------------------------------------------------------------------------------------
-// Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue.
-template <typename T, int CL, bool PRO>
-__global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
-    HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
+// Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue. BATCH
+// (HCFUSE_FAST_BATCH=1, same bits): a lane's stream loads of a part are issued together (one L2 round
+// trip instead of one per 128 features: 3 at H = 2560), and streams_out / hn_out are stored after the
+// pass's last cluster barrier (its release is a GPU-scope MEMBAR in SASS that waits for every global
+// store still in flight).
+template <typename T, int CL, bool PRO, bool BATCH>
+__device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const FastDims& d, float* __restrict__ partials,
+                                           T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   TimelineMark(d.timeline, d.slot, kTimelineStart);
   const Stage1Layout layout(d, CL);
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   // S of four slice features q.. of pass row i (global row `row`): to shared memory and streams_out.
   auto store_slice = [&](const float (&s)[4], int i, int q, size_t row) {
     *reinterpret_cast<float4*>(s_slice + i * d.ks + q) = make_float4(s[0], s[1], s[2], s[3]);
-    if (args.streams_out != nullptr) {
+    if (!BATCH && args.streams_out != nullptr) {
       cuda::Vec<T, 4> out;
 #pragma unroll
       for (int j = 0; j < 4; ++j) out.v[j] = FromFloat<T>(s[j]);
@@ -179,13 +183,37 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
       if (pair < part_pairs) {
         const int p = (d.ss_local ? 0 : rank * d.ss_parts) + pair % d.ss_parts;
         float ss = 0.0f;
-#pragma unroll 4
-        for (int q = lane * 4; q < L; q += 128) {
-          float s[4];
-          LoadS4<T, PRO>(srow + p * L + q, PRO ? prow + p * L + q : nullptr, gate, s);
+        if constexpr (BATCH) {
+          constexpr int kBatch = 4;  // 128-feature steps whose loads are in flight together
+          for (int q0 = lane * 4; q0 < L; q0 += 128 * kBatch) {
+            // unconditional loads (past the part: its last vector, unused), so that none waits on a use
+            cuda::Vec<T, 4> sv[kBatch], pv[kBatch] = {};
 #pragma unroll
-          for (int j = 0; j < 4; ++j) ss = cuda::MulAdd(s[j], s[j], ss);
-          if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
+            for (int b = 0; b < kBatch; ++b) {
+              const int q = p * L + min(q0 + b * 128, L - 4);
+              sv[b] = LoadVec4<T>(srow + q);
+              if constexpr (PRO) pv[b] = LoadVec4<T>(prow + q);
+            }
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b) {  // the same q order as below: the same sum
+              const int q = q0 + b * 128;
+              if (q >= L) continue;
+              float s[4];
+              S4FromVecs<T, PRO>(sv[b], pv[b], gate, s);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) ss = cuda::MulAdd(s[j], s[j], ss);
+              if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
+            }
+          }
+        } else {
+#pragma unroll 4
+          for (int q = lane * 4; q < L; q += 128) {
+            float s[4];
+            LoadS4<T, PRO>(srow + p * L + q, PRO ? prow + p * L + q : nullptr, gate, s);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) ss = cuda::MulAdd(s[j], s[j], ss);
+            if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
+          }
         }
         ss = cuda::WarpSum(ss);
         if (lane == 0) {
@@ -225,7 +253,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
 #pragma unroll
       for (int j = 0; j < 4; ++j) hn.v[j] = FromFloat<T>(cuda::NormalizeHn(sv[j], inv_rms, ToFloat<T>(scale[q + j])));
       cuda::StoreVec<T, 4>(a_tile + i * d.lda1 + q, hn);
-      cuda::StoreVec<T, 4>(hn_out + static_cast<size_t>(r0 + i) * d.K + k0 + q, hn);
+      if (!BATCH) cuda::StoreVec<T, 4>(hn_out + static_cast<size_t>(r0 + i) * d.K + k0 + q, hn);
     }
     __syncthreads();
 
@@ -269,8 +297,41 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
       const int i = idx / c_len, c = idx % c_len;
       partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = SumRanks<CL>(red, d.rt, d.per1, i, c);
     }
+    if constexpr (BATCH) {
+      // streams_out and hn_out of the slice from shared memory (8-byte stores: K, k0 and q are
+      // multiples of 4), now that no cluster barrier of this pass is left to wait for them
+      for (int idx = tid; idx < nr * (d.ks / 4); idx += blockDim.x) {
+        const int i = idx / (d.ks / 4), q = (idx % (d.ks / 4)) * 4;
+        const size_t off = static_cast<size_t>(r0 + i) * d.K + k0 + q;
+        if (args.streams_out != nullptr) {
+          const float4 s = *reinterpret_cast<const float4*>(s_slice + i * d.ks + q);
+          const T out[4] = {FromFloat<T>(s.x), FromFloat<T>(s.y), FromFloat<T>(s.z), FromFloat<T>(s.w)};
+          uint2 u;
+          memcpy(&u, out, sizeof(u));
+          *reinterpret_cast<uint2*>(args.streams_out + off) = u;
+        }
+        *reinterpret_cast<uint2*>(hn_out + off) = *reinterpret_cast<const uint2*>(a_tile + i * d.lda1 + q);
+      }
+      if (r0 + d.rt < d.rows) __syncthreads();  // s_slice and the A tile are rewritten next pass
+    }
   }
   TimelineEndOfCta(d.timeline, d.slot);
+}
+
+template <typename T, int CL, bool PRO>
+__global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
+    HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
+  Stage1Body<T, CL, PRO, false>(args, d, partials, hn_out, weights_are_constant);
+}
+
+// The batched variant (its own name in profiles). It takes 68 registers in bf16 with the prologue (the
+// default 56, with a spill): stage 1 + stage 2 + the next stage 1 then no longer fit the SM's 64K
+// registers at once (one kernel ahead instead of two). fp16's default stage 1 already takes 72 and is
+// the faster one; capping at 56 (__maxnreg__) spills 240 bytes, reloaded after cluster barriers.
+template <typename T, int CL, bool PRO>
+__global__ void __launch_bounds__(kStage1Threads) HcFastStage1BatchedKernel(
+    HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
+  Stage1Body<T, CL, PRO, true>(args, d, partials, hn_out, weights_are_constant);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -431,6 +492,7 @@ FastDims MakeDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& 
   d.ss_parts = d.ss_local ? kParts : kParts / cluster;
   d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
   d.has_prologue = p.has_prologue;
+  d.batch = tuning.batched_stage1;
   d.epsilon = p.epsilon;
   d.reduction_scale = p.reduction_scale;
   d.silu_alpha = p.silu_alpha;
@@ -448,7 +510,8 @@ size_t PartialBytes(const HcLowRankMixParams& p, const FastDims& d) {
 template <typename T, int CL>
 cudaError_t LaunchStages(const HcFastArgs<T>& args, const FastDims& d, float* partials, T* hn, cudaStream_t stream,
                          bool weights_are_constant, bool use_pdl) {
-  const auto stage1 = d.has_prologue ? HcFastStage1Kernel<T, CL, true> : HcFastStage1Kernel<T, CL, false>;
+  const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true> : HcFastStage1BatchedKernel<T, CL, false>)
+                              : (d.has_prologue ? HcFastStage1Kernel<T, CL, true> : HcFastStage1Kernel<T, CL, false>);
   cudaError_t err = Launch(stage1, d.cpb * d.C, kStage1Threads, Stage1Layout(d, CL).total, CL, use_pdl, stream, args,
                            d, partials, hn, weights_are_constant);
   if (err != cudaSuccess) return err;
@@ -489,7 +552,8 @@ std::string Summary(const FastDims& d) {
          std::to_string(smem2) + " B shared (" +
          std::to_string(MaxActive(HcFastStage2Kernel<T, CL>, kStage2Threads, smem2, CL)) + " " + fit +
          "); rows per pass " + std::to_string(d.rt) + ", sums of squares " + (d.ss_local ? "local" : "shared") +
-         ", hidden " + (d.hidden_local ? "local" : "shared");
+         ", hidden " + (d.hidden_local ? "local" : "shared") +
+         (d.batch ? ", stage 1 batched" : "");
 }
 
 // The fast path runs this call with this cluster size (HCFUSE_FAST_CLUSTER may ask for another size

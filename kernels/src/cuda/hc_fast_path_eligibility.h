@@ -41,6 +41,9 @@ struct HcFastTuning {
   int64_t cluster = 0;  // 0, 4 or 8
   HcFastDesign design = HcFastDesign::kAuto;
   bool bulk_copies = true;  // plain design: weight tiles by the copy engine (cp.async.bulk), not cp.async
+  // cluster design: stage 1's stream loads of a part in one batch, streams_out / hn_out stored after
+  // the pass's last cluster barrier (hc_fast_path.cu, HcFastStage1Kernel's BATCH; same bits)
+  bool batched_stage1 = false;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };

@@ -58,8 +58,9 @@ PathChoice ReadForcedPath() {
 }
 
 // HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split and
-// HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels and HCFUSE_FAST_BULK (0|1) how weight tiles are
-// copied (results never change), HCFUSE_FAST_CLUSTER its
+// HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels, HCFUSE_FAST_BULK (0|1) how weight tiles are
+// copied and HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores
+// (results never change), HCFUSE_FAST_CLUSTER its
 // cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
 HcFastTuning ReadFastTuning() {
   HcFastTuning tuning;
@@ -94,6 +95,13 @@ HcFastTuning ReadFastTuning() {
                            ORT_INVALID_ARGUMENT);
     }
     tuning.bulk_copies = *bulk == '1';
+  }
+  if (const char* batch = std::getenv("HCFUSE_FAST_BATCH"); batch != nullptr && *batch != '\0') {
+    if (std::strcmp(batch, "0") != 0 && std::strcmp(batch, "1") != 0) {
+      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_BATCH must be 0 or 1; got '" + batch + "'",
+                           ORT_INVALID_ARGUMENT);
+    }
+    tuning.batched_stage1 = *batch == '1';
   }
   if (tuning.cluster != 0 && tuning.cluster != 4 && tuning.cluster != 8) {
     throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_CLUSTER must be 4 or 8; got " +
