@@ -3,7 +3,7 @@
 # issue 15 notes): build, CUDA tests with the default and with the candidate forced, the decode
 # benchmark (fast, fast/batched, stock; bf16 and fp16; 1-16 rows) and, where ncu exists, the stall
 # reasons of stage 1 (one row, default and candidate). Logs under $OUT (or ./final_out).
-#   source .device/env.sh; bash bench/final_session.sh
+#   ORT_INCLUDE_DIR=/path/to/ort/include bash bench/final_session.sh   (onnxruntime-gpu importable)
 # Runtime estimate (H200, 16 cores): build ~2 min, same-bits tests ~40 s, benchmark ~1.5-2 min, CUDA
 # tests ~2 min, ncu ~1 min: ~7 min. Hard cap: every step after the build gets at most what is left of
 # BUDGET_S (default 420 s from the start), in the order of importance above, so the whole script ends
@@ -17,7 +17,7 @@ t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 cap() { local left=$((budget - (SECONDS - t0))); echo $((left < $1 ? (left > 5 ? left : 5) : $1)); }
 cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?source .device/env.sh first}" > "$out/cmake.log" 2>&1 &&
+  -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h}" > "$out/cmake.log" 2>&1 &&
   timeout 240 ninja -C "$build" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 export HCFUSE_LIBRARY=$build/libhcfuse_ops.so
 stamp built
@@ -45,7 +45,7 @@ grep -hE "^FAILED|^ERROR" "$out"/tests_*.log | head -20
 if command -v ncu > /dev/null; then
   cat > "$out/one_block.py" <<'PY'
 import numpy as np, ml_dtypes, onnxruntime as ort, hcfuse
-from models.hc_block import make_fused_node_model, random_weights, random_activations
+from hcfuse.models.hc_block import make_fused_node_model, random_weights, random_activations
 from tests._compare import run_bound
 from hcfuse._op import QWEN_ATTRIBUTES as A, QWEN_SHAPE as S
 rng = np.random.default_rng(0)
