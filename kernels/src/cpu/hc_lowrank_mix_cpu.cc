@@ -56,7 +56,8 @@ inline void RoundHalfPortable(float* x, int64_t n) {
 }
 
 namespace generic {
-constexpr int MaxVectors(int rows) { return rows == 1 ? 2 : 1; }
+constexpr int kLanes = 16 / sizeof(float);  // SSE2 (x86-64's baseline), 16 registers
+constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
 inline void WidenHalf(const Half* src, int64_t n, float* dst) { WidenHalfPortable(src, n, dst); }
 inline void NarrowHalf(const float* x, int64_t n, Half* out) { NarrowHalfPortable(x, n, out); }
 inline void RoundHalf(float* x, int64_t n) { RoundHalfPortable(x, n); }
@@ -67,7 +68,8 @@ inline void RoundHalf(float* x, int64_t n) { RoundHalfPortable(x, n); }
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
 namespace avx2 {
-constexpr int MaxVectors(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
+constexpr int kLanes = 8;  // 16 registers: 8 accumulators, the rest for weights, x and products
+constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
 // F16C widening is exact, as ToFloat is (a NaN's payload is kept; only its quiet bit may differ,
 // and no NaN reaches a 16-bit output with its payload: FromFloat<Half> makes every NaN 0x7e00).
 inline void WidenHalf(const Half* src, int64_t n, float* dst) {
@@ -110,6 +112,7 @@ inline void RoundHalf(float* x, int64_t n) {
 // reports as maybe uninitialized (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace avx512 {
+constexpr int kLanes = 16;  // 32 registers
 constexpr int MaxVectors(int rows) { return rows <= 2 ? 8 : 4; }
 inline void WidenHalf(const Half* src, int64_t n, float* dst) {
   int64_t i = 0;
