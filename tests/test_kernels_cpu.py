@@ -114,6 +114,40 @@ def test_row_independence(make_session, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_row_independence_across_row_tiles_and_passes(make_session, rng, dtype):
+    """Rows share weight reads in tiles of up to 64 (the rows of one pass): a row gives the same bits alone
+    as at the edges of a tile, and in a second pass (a batch of 130 = 2 full passes and a tail of 2)."""
+    C, H, R, rows = 4, 24, 20, 130
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
+    batch = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True, **ODD_ATTRS)
+    want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **ODD_ATTRS)))
+    for name in batch:
+        assert_bitwise_equal(batch[name], want[name], f"{name} (batch of {rows})")
+    for r in (0, 63, 64, 127, 129):
+        one = {k: (v[r : r + 1] if k in ACTIVATIONS else v) for k, v in feeds.items()}
+        alone = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=one, prologue=True, **ODD_ATTRS)
+        for name in alone:
+            assert_bitwise_equal(alone[name][0], batch[name][r], f"{name} row {r} alone vs in a batch of {rows}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_sigmoid_over_a_wide_range(make_session, rng, dtype):
+    """up and Z reach far beyond +-87, where the kernel's vector sigmoid hands lanes to the scalar one
+    (fp32 e subnormal or overflowing), and cover the range in between densely: bitwise equal to the
+    reference's sigmoid (exp in float64, rounded once)."""
+    C, H, R = 2, 1000, 24
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((3,), C, H, dtype, rng, prologue=True)}
+    feeds["down_weight"] = (feeds["down_weight"].astype(np.float32) * 40).astype(dtype)  # Z ~ 40 N(0, 1)
+    steps = reference.hc_lowrank_mix_steps(**feeds, num_branches=C)
+    up = steps["up"].astype(np.float32)
+    assert np.abs(up).max() > 100 and (np.abs(up) < 87).mean() > 0.3, "inputs do not span the sigmoid's range"
+    assert np.abs(steps["Z"].astype(np.float32)).max() > 100
+    got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True)
+    for name, value in got.items():
+        assert_bitwise_equal(value, dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C)))[name], name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_determinism_across_runs_and_threads(make_session, rng, dtype):
     C, H, R, rows = 4, 32, 16, 64
     feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}

@@ -43,7 +43,14 @@ struct CpuOps {
   void (*widen)(const T* src, int64_t n, float* dst);  // dst[i] = ToFloat(src[i])
   void (*narrow)(const float* x, int64_t n, T* out);   // out[i] = FromFloat<T>(x[i])
   void (*round)(float* x, int64_t n);                  // x[i] = RoundToT<T>(x[i])
+  void (*sigmoid)(float* x, int64_t n);                // x[i] = Sigmoid(x[i])
 };
+
+// sigmoid(x) = 1 / (1 + e), e = exp(-x) correctly rounded to fp32 (computed in double, rounded once).
+inline float Sigmoid(float x) {
+  const float e = static_cast<float>(std::exp(-static_cast<double>(x)));
+  return 1.0f / (1.0f + e);
+}
 
 inline void WidenHalfPortable(const Half* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = ToFloat(src[i]);
@@ -160,12 +167,6 @@ CpuOps<T> PickOps() {
   return generic::Ops<T>();
 }
 
-// sigmoid(x) = 1 / (1 + e), e = exp(-x) correctly rounded to fp32 (computed in double, rounded once).
-inline float Sigmoid(float x) {
-  const float e = static_cast<float>(std::exp(-static_cast<double>(x)));
-  return 1.0f / (1.0f + e);
-}
-
 constexpr int64_t kColumnBlock = 32;    // down / inject output columns per task (one cache line of fp16)
 constexpr int64_t kFeatureBlock = 128;  // features h per up/mix task (C * 128 output columns)
 constexpr int64_t kSpan = 256;          // elementwise work in stack spans of this many floats
@@ -255,7 +256,8 @@ class Pass {
         float sg[kColumnBlock];
         for (int64_t j = 0; j < n; ++j) v[j] = p_.silu_alpha * v[j];
         ops_.round(v, n);  // rounding point: Z
-        for (int64_t j = 0; j < n; ++j) sg[j] = Sigmoid(v[j]);
+        std::memcpy(sg, v, n * sizeof(float));
+        ops_.sigmoid(sg, n);
         ops_.round(sg, n);  // rounding point: SG
         float* hidden = hidden_ + (r0 + r) * R + n0;
         for (int64_t j = 0; j < n; ++j) hidden[j] = v[j] * sg[j];
@@ -283,7 +285,7 @@ class Pass {
       for (int64_t c = 0; c < C; ++c) {
         float* v = gr + c * H;
         ops_.round(v, n);  // rounding point: up
-        for (int64_t h = 0; h < n; ++h) v[h] = Sigmoid(v[h]);
+        ops_.sigmoid(v, n);
         ops_.round(v, n);  // rounding point: g
         const float* hc = hn + c * H;
         for (int64_t h = 0; h < n; ++h) mix[h] += hc[h] * v[h];  // branches in order c = 0..C-1

@@ -118,7 +118,7 @@ struct HcLowRankMixCpuArgs {
 using HcTaskRunner = std::function<void(int64_t num_tasks, const std::function<void(int64_t task)>& fn)>;
 
 // Rows processed together (sharing each widened weight tile); results do not depend on it.
-inline constexpr int64_t kHcCpuRowTile = 16;
+inline constexpr int64_t kHcCpuRowTile = 64;
 // Rows per pass of the three phases: bounds the scratch (about 5 MB at the Qwen shape).
 inline constexpr int64_t kHcCpuRowsPerPass = 64;
 
