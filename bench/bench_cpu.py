@@ -105,18 +105,21 @@ def bind(sess, feeds: dict):
     return binding
 
 
-def time_ms(sess, feeds: dict, budget_s: float, min_reps: int, max_reps: int) -> float:
-    """Median wall time of one run, in ms, after one warm-up run; stops at max_reps or when
-    budget_s is spent (but not before min_reps)."""
-    binding = bind(sess, feeds)
-    sess.run_with_iobinding(binding)
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
+def time_pair_ms(runs: list, budget_s: float, min_reps: int, max_reps: int) -> list[float]:
+    """Median wall time of one run of each of runs ((session, feeds) pairs), in ms. They take turns
+    (one warm-up run each, then a, b, a, b, ...), so a change in the machine's load between them
+    shifts both alike; stops at max_reps or when budget_s is spent (but not before min_reps)."""
+    bound = [(sess, bind(sess, feeds)) for sess, feeds in runs]
+    for sess, binding in bound:
         sess.run_with_iobinding(binding)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e3
+    times = [[] for _ in bound]
+    start = time.perf_counter()
+    while len(times[0]) < max_reps and (len(times[0]) < min_reps or time.perf_counter() - start < budget_s):
+        for (sess, binding), out in zip(bound, times):
+            t0 = time.perf_counter()
+            sess.run_with_iobinding(binding)
+            out.append(time.perf_counter() - t0)
+    return [float(np.median(t)) * 1e3 for t in times]
 
 
 def count_ops(model, op_type: str, domain: str) -> int:
@@ -186,51 +189,38 @@ def main(argv=None) -> int:
     print("copy bandwidth: " + ", ".join(f"{t} thread(s) {b / 1e9:.1f} GB/s" for t, b in bandwidth.items()), flush=True)
 
     rng = np.random.default_rng(2026)
-    # (dtype, kinds): each dtype's fused variants, and the stock variants of every dtype measured or
-    # standing in for one (bfloat16 -> float16)
-    plan = {dt: {"fused"} for dt in args.dtypes}
+    results = []  # dicts: dtype, stock_dtype, threads, rows, kind, fused, stock, floor
     for dt in args.dtypes:
-        plan.setdefault(STOCK_STAND_IN.get(dt, dt), set()).add("stock")
-    times = {}  # (dtype, variant, threads, rows) -> ms per block
-    for dt in sorted(plan, key=list(DTYPES).index):
-        dtype = DTYPES[dt]
+        dtype, stock_dt = DTYPES[dt], STOCK_STAND_IN.get(dt, dt)
         itemsize = np.dtype(dtype).itemsize
         blocks = max(1, int(np.ceil(args.chain_mb * 1e6 / weight_bytes(itemsize))))
         t0 = time.perf_counter()
-        models = build_models(dtype, blocks, rng, kinds=tuple(sorted(plan[dt])))
-        print(f"{dt}: models built ({blocks}-block chain, {blocks * weight_bytes(itemsize) / 1e6:.0f} MB of weights) "
-              f"in {time.perf_counter() - t0:.1f} s", flush=True)
-        for variant, (data, n) in models.items():
-            kind = variant.split()[1]
+        if stock_dt == dt:
+            models = build_models(dtype, blocks, rng)
+        else:  # a chain of as many blocks of the same weights (same seed) in the stand-in dtype
+            models = {**build_models(dtype, blocks, rng, kinds=("fused",)),
+                      **build_models(DTYPES[stock_dt], blocks, rng, kinds=("stock",))}
+        print(f"{dt}: models built ({blocks}-block chain, {blocks * weight_bytes(itemsize) / 1e6:.0f} MB of weights"
+              f"{'' if stock_dt == dt else f'; stock chain in {stock_dt}'}) in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        for kind in ("node", "chain"):
+            (fused_data, n), (stock_data, _) = models[f"fused {kind}"], models[f"stock {kind}"]
             for t in threads:
-                sess = session(data, t)
+                fused_sess, stock_sess = session(fused_data, t), session(stock_data, t)
+                line = []
                 for rows in args.rows:
-                    feeds = feeds_for(kind, rows, dtype, np.random.default_rng(rows))
-                    times[dt, variant, t, rows] = time_ms(sess, feeds, args.budget_s, args.min_reps,
-                                                          args.max_reps) / n
-                del sess
-                print(f"{dt} {variant:11s} threads={t}: " +
-                      " ".join(f"{r}:{times[dt, variant, t, r]:.3f}" for r in args.rows) +
-                      f" ms/block ({time.perf_counter() - t_start:.0f} s)", flush=True)
-        if plan[dt] == {"fused", "stock"}:
-            check_chain(models["fused chain"][0], models["stock chain"][0], dtype, dtype, rng)
-        elif "fused" in plan[dt] and dt in STOCK_STAND_IN:  # 2-block chains of the same weights
-            stand_in = DTYPES[STOCK_STAND_IN[dt]]
-            fused, stock = (decode_chain(2, d) for d in (dtype, stand_in))
-            check_chain(hcfuse.optimize(fused).SerializeToString(), stock.SerializeToString(), dtype, stand_in, rng)
-        del models
-
-    results = []  # dicts: dtype, stock_dtype, threads, rows, kind, fused, stock, floor
-    for dt in args.dtypes:
-        stock_dt = STOCK_STAND_IN.get(dt, dt)
-        itemsize = np.dtype(DTYPES[dt]).itemsize
-        for t in threads:
-            for rows in args.rows:
-                for kind in ("node", "chain"):
+                    feeds = {d: feeds_for(kind, rows, DTYPES[d], np.random.default_rng(rows)) for d in {dt, stock_dt}}
+                    fused, stock = (ms / n for ms in time_pair_ms([(fused_sess, feeds[dt]), (stock_sess, feeds[stock_dt])],
+                                                                  args.budget_s, args.min_reps, args.max_reps))
                     results.append({"dtype": dt, "stock_dtype": stock_dt, "threads": t, "rows": rows, "kind": kind,
-                                    "fused": times[dt, f"fused {kind}", t, rows],
-                                    "stock": times[stock_dt, f"stock {kind}", t, rows],
+                                    "fused": fused, "stock": stock,
                                     "floor": weight_bytes(itemsize) / bandwidth[t] * 1e3})
+                    line.append(f"{rows}:{fused:.3f}/{stock:.3f}")
+                del fused_sess, stock_sess
+                print(f"{dt} {kind:5s} threads={t} fused/stock ms per block: {' '.join(line)} "
+                      f"({time.perf_counter() - t_start:.0f} s)", flush=True)
+        check_chain(models["fused chain"][0], models["stock chain"][0], dtype, DTYPES[stock_dt], rng)
+        del models
 
     lib = f"library {args.library}" if args.library else f"hcfuse {git_label()}"
     meta = (f"onnxruntime {ort.__version__}, {cores} cores, {lib}; copy bandwidth " +
@@ -242,7 +232,7 @@ def main(argv=None) -> int:
 
 def check_chain(fused_model: bytes, stock_model: bytes, dtype, stock_dtype, rng) -> None:
     """Sanity check: the fused and stock chains agree at 1 row (loosely: float16 rounds differently at
-    the stock ops' boundaries; a bfloat16 chain is checked against a float16 stock chain of the same
+    the stock ops' boundaries; a bfloat16 chain is checked against the float16 stock chain of the same
     weights, to bfloat16's precision)."""
     x = rng.standard_normal((1, C * H))
     outs = []
