@@ -101,6 +101,15 @@ def test_qwen_size(make_session, rng, rows, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows", [1, 3, 5, 70])
+def test_product_chunk_edges(make_session, rng, dtype, rows):
+    """R = 200 and H = 136 leave partial chunks (160 + 40 down columns, 128 + 8 features per branch);
+    1-4 rows read 16-bit weights in place, more rows widen a copy first, 70 rows span two passes."""
+    check_against_reference(make_session, C=2, H=136, R=200, dtype=dtype, lead=(rows,), rng=rng, prologue=True,
+                            **QWEN_ATTRS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_row_independence(make_session, rng, dtype):
     """A row gives the same bits alone as inside a batch of 17 (a row tile of 16 plus a tail of 1)."""
     C, H, R, rows = 4, 16, 8, 17

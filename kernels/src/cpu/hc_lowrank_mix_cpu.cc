@@ -68,6 +68,12 @@ constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
 inline void WidenHalf(const Half* src, int64_t n, float* dst) { WidenHalfPortable(src, n, dst); }
 inline void NarrowHalf(const float* x, int64_t n, Half* out) { NarrowHalfPortable(x, n, out); }
 inline void RoundHalf(float* x, int64_t n) { RoundHalfPortable(x, n); }
+typedef float LaneVector __attribute__((vector_size(kLanes * sizeof(float))));
+inline LaneVector LoadHalf(const Half* src) {
+  LaneVector v;
+  for (int i = 0; i < kLanes; ++i) v[i] = ToFloat(src[i]);
+  return v;
+}
 #include "cpu/hc_lowrank_mix_cpu_gemm.inc"
 }  // namespace generic
 
@@ -79,6 +85,9 @@ constexpr int kLanes = 8;  // 16 registers: 8 accumulators, the rest for weights
 constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
 // F16C widening is exact, as ToFloat is (a NaN's payload is kept; only its quiet bit may differ,
 // and no NaN reaches a 16-bit output with its payload: FromFloat<Half> makes every NaN 0x7e00).
+inline __m256 LoadHalf(const Half* src) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+}
 inline void WidenHalf(const Half* src, int64_t n, float* dst) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -121,6 +130,9 @@ inline void RoundHalf(float* x, int64_t n) {
 namespace avx512 {
 constexpr int kLanes = 16;  // 32 registers
 constexpr int MaxVectors(int rows) { return rows <= 2 ? 8 : 4; }
+inline __m512 LoadHalf(const Half* src) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+}
 inline void WidenHalf(const Half* src, int64_t n, float* dst) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -167,7 +179,7 @@ CpuOps<T> PickOps() {
   return generic::Ops<T>();
 }
 
-constexpr int64_t kColumnBlock = 32;    // down / inject output columns per task (one cache line of fp16)
+constexpr int64_t kColumnBlock = 160;   // down / inject output columns per task: R = 320 in two halves
 constexpr int64_t kFeatureBlock = 128;  // features h per up/mix task (C * 128 output columns)
 constexpr int64_t kSpan = 256;          // elementwise work in stack spans of this many floats
 constexpr int64_t kNormRows = 4;        // rows per norm task (their sums of squares interleaved)
