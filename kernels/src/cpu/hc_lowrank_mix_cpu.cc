@@ -5,7 +5,7 @@
 //   2. down -> Z -> SG -> hidden and inject -> post_gate per (row tile, block of output columns);
 //   3. up -> g and pre_output per (row tile, block of features h, all C branches).
 // The products run in hc_lowrank_mix_cpu_gemm.inc, compiled for AVX-512, AVX2 and plain x86-64 (or
-// the target's default) and picked at run time; every variant gives the same bits.
+// the target's default) and picked at run time; the variants differ only in FMA (see the header).
 #include "cpu/hc_lowrank_mix_cpu.h"
 
 #include <algorithm>
@@ -69,6 +69,7 @@ inline void WidenHalf(const Half* src, int64_t n, float* dst) { WidenHalfPortabl
 inline void NarrowHalf(const float* x, int64_t n, Half* out) { NarrowHalfPortable(x, n, out); }
 inline void RoundHalf(float* x, int64_t n) { RoundHalfPortable(x, n); }
 typedef float LaneVector __attribute__((vector_size(kLanes * sizeof(float))));
+inline LaneVector MulAdd(LaneVector acc, float x, LaneVector w) { return acc + x * w; }  // no FMA in SSE2
 inline LaneVector LoadHalf(const Half* src) {
   LaneVector v;
   for (int i = 0; i < kLanes; ++i) v[i] = ToFloat(src[i]);
@@ -79,12 +80,13 @@ inline LaneVector LoadHalf(const Half* src) {
 
 #ifdef HCFUSE_X86_DISPATCH
 #pragma GCC push_options
-#pragma GCC target("avx2,f16c")
+#pragma GCC target("avx2,f16c,fma")
 namespace avx2 {
 constexpr int kLanes = 8;  // 16 registers: 8 accumulators, the rest for weights, x and products
 constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
 // F16C widening is exact, as ToFloat is (a NaN's payload is kept; only its quiet bit may differ,
 // and no NaN reaches a 16-bit output with its payload: FromFloat<Half> makes every NaN 0x7e00).
+inline __m256 MulAdd(__m256 acc, float x, __m256 w) { return _mm256_fmadd_ps(_mm256_set1_ps(x), w, acc); }
 inline __m256 LoadHalf(const Half* src) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
 }
@@ -130,6 +132,7 @@ inline void RoundHalf(float* x, int64_t n) {
 namespace avx512 {
 constexpr int kLanes = 16;  // 32 registers
 constexpr int MaxVectors(int rows) { return rows <= 2 ? 8 : 4; }
+inline __m512 MulAdd(__m512 acc, float x, __m512 w) { return _mm512_fmadd_ps(_mm512_set1_ps(x), w, acc); }
 inline __m512 LoadHalf(const Half* src) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
 }
@@ -166,7 +169,7 @@ inline void RoundHalf(float* x, int64_t n) {
 #pragma GCC pop_options
 #endif
 
-// The widest instruction set this CPU (and OS) runs; all give the same bits.
+// The widest instruction set this CPU (and OS) runs (float32 bits differ between FMA and SSE2).
 template <typename T>
 CpuOps<T> PickOps() {
 #ifdef HCFUSE_X86_DISPATCH
@@ -174,7 +177,9 @@ CpuOps<T> PickOps() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c")) {
     return avx512::Ops<T>();
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return avx2::Ops<T>();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma")) {
+    return avx2::Ops<T>();
+  }
 #endif
   return generic::Ops<T>();
 }
