@@ -132,29 +132,19 @@ def test_product_chunk_edges(make_session, rng, dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_row_independence(make_session, rng, dtype):
-    """A row gives the same bits alone as inside a batch of 17 (a row tile of 16 plus a tail of 1)."""
-    C, H, R, rows = 4, 16, 8, 17
-    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
-    batch = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True, **ODD_ATTRS)
-    for r in (0, 3, 4, 9, 16):
-        one = {k: (v[r : r + 1] if k in ACTIVATIONS else v) for k, v in feeds.items()}
-        alone = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=one, prologue=True, **ODD_ATTRS)
-        for name in alone:
-            assert_bitwise_equal(alone[name][0], batch[name][r], f"{name} row {r} alone vs in a batch of {rows}")
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_row_independence_across_row_tiles_and_passes(make_session, rng, dtype):
-    """Rows share weight reads in tiles of up to 64 (the rows of one pass): a row gives the same bits alone
-    as at the edges of a tile, and in a second pass (a batch of 130 = 2 full passes and a tail of 2)."""
-    C, H, R, rows = 4, 24, 20, 130
+@pytest.mark.parametrize("H, R, rows, picks", [(16, 8, 17, (0, 3, 4, 9, 16)), (24, 20, 130, (0, 63, 64, 127, 129))],
+                         ids=["17-rows", "130-rows"])
+def test_row_independence(make_session, rng, dtype, H, R, rows, picks):
+    """A row gives the same bits alone as inside a batch. Rows share weight reads in tiles of up to 64
+    (the rows of one pass): 17 rows are one partial tile; 130 rows are 2 full passes and a tail of 2,
+    picked at the edges of each tile."""
+    C = 4
     feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
     batch = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True, **ODD_ATTRS)
     want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **ODD_ATTRS)))
     for name in batch:
         assert_matches_reference(batch[name], want[name], name, f"{name} (batch of {rows})")
-    for r in (0, 63, 64, 127, 129):
+    for r in picks:
         one = {k: (v[r : r + 1] if k in ACTIVATIONS else v) for k, v in feeds.items()}
         alone = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=one, prologue=True, **ODD_ATTRS)
         for name in alone:
