@@ -17,9 +17,9 @@ library registered and ORT's default graph optimizations:
 
 ms per block = median over repetitions of one run (inputs bound once through IO binding; divided
 by N for chains), for each row count (default 1, 4, 16, 256) and intra-op thread count (default 1
-and 2, or all cores). ratio = fused / stock. The floor is the
-weight bytes of one block over the copy bandwidth of a large numpy array (512 MiB, bytes copied per
-second; single-threaded for 1 thread, one numpy copy per core in parallel for more).
+and 2). Fused and stock take turns run by run, so a change in a shared machine's load moves both
+alike. ratio = fused / stock. The floor is the weight bytes of one block over the copy bandwidth of
+a large numpy array (512 MiB, bytes copied per second; one numpy copy per thread in parallel).
 
     python3 bench/bench_cpu.py                  # writes bench/out/cpu.md
     python3 bench/bench_cpu.py --rows 1 4 --threads 1 --dtypes bfloat16 --out /tmp/cpu.md
