@@ -1,24 +1,28 @@
 """CPU benchmark of HyperConnectionLowRankMix against the stock unfused chain, on onnxruntime's CPU provider.
 
-Real shape (C=4, H=2560, R=320, Qwen3.8-Flash-Next attributes), float32 and float16 (ORT's CPU
-provider has no bfloat16 MatMul, so the stock chain cannot run in bfloat16 there). Variants, side
-by side in one run, each in its own session with hcfuse's library registered and ORT's default
-graph optimizations:
+Real shape (C=4, H=2560, R=320, Qwen3.8-Flash-Next attributes), float32, float16 and bfloat16.
+ORT's CPU provider has no bfloat16 MatMul, Sigmoid, Div or Mul, so a bfloat16 stock chain cannot run
+there: bfloat16's fused figures stand next to the float16 stock chain of the same shape (the same
+bytes of weights: the stock graph a bfloat16 model would have to be converted to), measured in the
+same run and labelled so. Variants, side by side in one run, each in its own session with hcfuse's
+library registered and ORT's default graph optimizations:
 
 - node:  one block with a prologue (make_fused_node_model) vs hcfuse.unfuse of it (stock contrib ops
-         + MatMul/Sigmoid/Div/Mul). Its 13-26 MB of weights stay in the cache between runs: "hot".
+         + MatMul/Sigmoid/Div/Mul), the same weights every run: "hot" (in the cache where it holds
+         their 13-26 MB).
 - chain: make_decode_model(N, sublayer="identity") (the exporter's stock graph) vs hcfuse.optimize of
          it (N fused nodes), N distinct weight sets totalling more than --chain-mb (default 320 MB,
          more than this machine's L3), so each block reads its weights from DRAM: "cold". The
          fused graph keeps the last block's PostMix and the Identity stand-ins; so does the stock one.
 
-ms per block = median over repetitions of one session.run (divided by N for chains), for each
-row count and intra-op thread count (1 and all cores). ratio = fused / stock. The floor is the
-weight bytes of one block over the copy bandwidth of a large numpy array (512 MiB, bytes copied per
-second; single-threaded for 1 thread, one numpy copy per core in parallel for more).
+ms per block = median over repetitions of one run (inputs bound once through IO binding; divided
+by N for chains), for each row count (default 1, 4, 16, 256) and intra-op thread count (default 1
+and 2). Fused and stock take turns run by run, so a change in a shared machine's load moves both
+alike. ratio = fused / stock. The floor is the weight bytes of one block over the copy bandwidth of
+a large numpy array (512 MiB, bytes copied per second; one numpy copy per thread in parallel).
 
     python3 bench/bench_cpu.py                  # writes bench/out/cpu.md
-    python3 bench/bench_cpu.py --rows 1 4 --threads 1 --out /tmp/cpu.md
+    python3 bench/bench_cpu.py --rows 1 4 --threads 1 --dtypes bfloat16 --out /tmp/cpu.md
     python3 bench/bench_cpu.py --library /tmp/old/libhcfuse_ops.so --out /tmp/old.md   # another build
 """
 
@@ -32,18 +36,22 @@ import threading
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hcfuse  # noqa: E402
 from hcfuse._op import DOMAIN, OP_TYPE, QWEN_ATTRIBUTES, QWEN_SHAPE  # noqa: E402
+from hcfuse._ort_io import from_ort_value, to_ort_value  # noqa: E402
 from hcfuse._session import inference_session  # noqa: E402
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
 from hcfuse.models.qwen_decode import make_decode_model  # noqa: E402
 
 C, H, R = QWEN_SHAPE["C"], QWEN_SHAPE["H"], QWEN_SHAPE["R"]
-DTYPES = {"float32": np.float32, "float16": np.float16}
+DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+# the dtype whose stock chain stands in where ORT's CPU provider cannot run the stock chain
+STOCK_STAND_IN = {"bfloat16": "float16"}
 COPY_BYTES = 1 << 29  # 512 MiB: twice this machine's L3
 
 
@@ -82,38 +90,57 @@ def session(model_bytes: bytes, threads: int):
     return inference_session(model_bytes, library=LIBRARY or True, optimize=True, intra_op_threads=threads)
 
 
-def time_ms(sess, feeds: dict, budget_s: float, min_reps: int, max_reps: int) -> float:
-    """Median wall time of one run, in ms, after one warm-up run; stops at max_reps or when
-    budget_s is spent (but not before min_reps)."""
-    sess.run(None, feeds)
-    times = []
+def bind(sess, feeds: dict):
+    """sess's IO binding with feeds bound once (bfloat16 travels as its bits) and outputs on the CPU."""
+    binding = sess.io_binding()
+    for name, array in feeds.items():
+        binding.bind_ortvalue_input(name, to_ort_value(array))
+    for out in sess.get_outputs():
+        binding.bind_output(out.name, "cpu")
+    return binding
+
+
+def time_pair_ms(runs: list, budget_s: float, min_reps: int, max_reps: int) -> list[float]:
+    """Median wall time of one run of each of runs ((session, feeds) pairs), in ms. They take turns
+    (one warm-up run each, then a, b, a, b, ...), so a change in the machine's load between them
+    shifts both alike; stops at max_reps or when budget_s is spent (but not before min_reps)."""
+    bound = [(sess, bind(sess, feeds)) for sess, feeds in runs]
+    for sess, binding in bound:
+        sess.run_with_iobinding(binding)
+    times = [[] for _ in bound]
     start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e3
+    while len(times[0]) < max_reps and (len(times[0]) < min_reps or time.perf_counter() - start < budget_s):
+        for (sess, binding), out in zip(bound, times):
+            t0 = time.perf_counter()
+            sess.run_with_iobinding(binding)
+            out.append(time.perf_counter() - t0)
+    return [float(np.median(t)) * 1e3 for t in times]
 
 
 def count_ops(model, op_type: str, domain: str) -> int:
     return sum(n.op_type == op_type and n.domain == domain for n in model.graph.node)
 
 
-def build_models(dtype, chain_blocks: int, rng) -> dict[str, tuple[bytes, int]]:
-    """variant -> (serialized model, blocks in it)."""
+def decode_chain(blocks: int, dtype):
+    """The exporter's stock decode graph of `blocks` blocks (distinct weights, fixed seed) over `rows` rows."""
+    return make_decode_model(blocks, dtype=dtype, leading_dims=("rows",), sublayer="identity", tile_embeddings=False)
+
+
+def build_models(dtype, chain_blocks: int, rng, kinds=("fused", "stock")) -> dict[str, tuple[bytes, int]]:
+    """variant ("fused node", "stock chain", ...; those of `kinds`) -> (serialized model, blocks in it)."""
     w = random_weights(C, H, R, dtype, rng)
     node = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, leading_dims=["rows"], prologue=True, streams_out=True,
                                  weights_as_inputs=False, weights=w, **QWEN_ATTRIBUTES)
     stock_node = hcfuse.unfuse(node)
-    stock_chain = make_decode_model(chain_blocks, dtype=dtype, leading_dims=("rows",), sublayer="identity",
-                                    tile_embeddings=False)
+    stock_chain = decode_chain(chain_blocks, dtype)
     fused_chain = hcfuse.optimize(stock_chain)
     fused = count_ops(fused_chain, OP_TYPE, DOMAIN)
     if fused != chain_blocks:
         raise RuntimeError(f"bench_cpu: hcfuse.optimize fused {fused} of {chain_blocks} blocks")
-    return {"fused node": (node.SerializeToString(), 1), "stock node": (stock_node.SerializeToString(), 1),
-            "fused chain": (fused_chain.SerializeToString(), chain_blocks),
-            "stock chain": (stock_chain.SerializeToString(), chain_blocks)}
+    models = {"fused node": (node.SerializeToString(), 1), "stock node": (stock_node.SerializeToString(), 1),
+              "fused chain": (fused_chain.SerializeToString(), chain_blocks),
+              "stock chain": (stock_chain.SerializeToString(), chain_blocks)}
+    return {k: v for k, v in models.items() if k.split()[0] in kinds}
 
 
 def feeds_for(kind: str, rows: int, dtype, rng) -> dict:
@@ -135,9 +162,9 @@ def git_label() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 16, 64])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 256])
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    ap.add_argument("--threads", type=int, nargs="+", default=None, help="intra-op threads (default: 1 and all cores)")
+    ap.add_argument("--threads", type=int, nargs="+", default=None, help="intra-op threads (default: 1 and 2)")
     ap.add_argument("--chain-mb", type=float, default=320.0, help="weights of the chain, in MB (sets N per dtype)")
     ap.add_argument("--budget-s", type=float, default=0.4, help="time spent per measurement (after min reps)")
     ap.add_argument("--min-reps", type=int, default=3)
@@ -151,40 +178,43 @@ def main(argv=None) -> int:
     import onnxruntime as ort
 
     cores = os.cpu_count() or 1
-    threads = args.threads or sorted({1, cores})
+    threads = args.threads or [1, 2]
     t_start = time.perf_counter()
     bandwidth = {t: copy_bandwidth(t) for t in threads}
     print("copy bandwidth: " + ", ".join(f"{t} thread(s) {b / 1e9:.1f} GB/s" for t, b in bandwidth.items()), flush=True)
 
     rng = np.random.default_rng(2026)
-    results = []  # dicts: dtype, threads, rows, kind, fused, stock, floor
+    results = []  # dicts: dtype, stock_dtype, threads, rows, kind, fused, stock, floor
     for dt in args.dtypes:
-        dtype = DTYPES[dt]
+        dtype, stock_dt = DTYPES[dt], STOCK_STAND_IN.get(dt, dt)
         itemsize = np.dtype(dtype).itemsize
         blocks = max(1, int(np.ceil(args.chain_mb * 1e6 / weight_bytes(itemsize))))
         t0 = time.perf_counter()
-        models = build_models(dtype, blocks, rng)
-        print(f"{dt}: models built ({blocks}-block chain, {blocks * weight_bytes(itemsize) / 1e6:.0f} MB of weights) "
-              f"in {time.perf_counter() - t0:.1f} s", flush=True)
-        times = {}  # (variant, threads, rows) -> ms per block
-        for variant, (data, n) in models.items():
-            kind = variant.split()[1]
+        if stock_dt == dt:
+            models = build_models(dtype, blocks, rng)
+        else:  # a chain of as many blocks of the same weights (same seed) in the stand-in dtype
+            models = {**build_models(dtype, blocks, rng, kinds=("fused",)),
+                      **build_models(DTYPES[stock_dt], blocks, rng, kinds=("stock",))}
+        print(f"{dt}: models built ({blocks}-block chain, {blocks * weight_bytes(itemsize) / 1e6:.0f} MB of weights"
+              f"{'' if stock_dt == dt else f'; stock chain in {stock_dt}'}) in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        for kind in ("node", "chain"):
+            (fused_data, n), (stock_data, _) = models[f"fused {kind}"], models[f"stock {kind}"]
             for t in threads:
-                sess = session(data, t)
+                fused_sess, stock_sess = session(fused_data, t), session(stock_data, t)
+                line = []
                 for rows in args.rows:
-                    feeds = feeds_for(kind, rows, dtype, np.random.default_rng(rows))
-                    times[variant, t, rows] = time_ms(sess, feeds, args.budget_s, args.min_reps, args.max_reps) / n
-                del sess
-                print(f"{dt} {variant:11s} threads={t}: " +
-                      " ".join(f"{r}:{times[variant, t, r]:.3f}" for r in args.rows) +
-                      f" ms/block ({time.perf_counter() - t_start:.0f} s)", flush=True)
-        check_chain(models, dtype, rng)
-        for t in threads:
-            for rows in args.rows:
-                for kind in ("node", "chain"):
-                    results.append({"dtype": dt, "threads": t, "rows": rows, "kind": kind,
-                                    "fused": times[f"fused {kind}", t, rows], "stock": times[f"stock {kind}", t, rows],
+                    feeds = {d: feeds_for(kind, rows, DTYPES[d], np.random.default_rng(rows)) for d in {dt, stock_dt}}
+                    fused, stock = (ms / n for ms in time_pair_ms([(fused_sess, feeds[dt]), (stock_sess, feeds[stock_dt])],
+                                                                  args.budget_s, args.min_reps, args.max_reps))
+                    results.append({"dtype": dt, "stock_dtype": stock_dt, "threads": t, "rows": rows, "kind": kind,
+                                    "fused": fused, "stock": stock,
                                     "floor": weight_bytes(itemsize) / bandwidth[t] * 1e3})
+                    line.append(f"{rows}:{fused:.3f}/{stock:.3f}")
+                del fused_sess, stock_sess
+                print(f"{dt} {kind:5s} threads={t} fused/stock ms per block: {' '.join(line)} "
+                      f"({time.perf_counter() - t_start:.0f} s)", flush=True)
+        check_chain(models["fused chain"][0], models["stock chain"][0], dtype, DTYPES[stock_dt], rng)
         del models
 
     lib = f"library {args.library}" if args.library else f"hcfuse {git_label()}"
@@ -195,32 +225,42 @@ def main(argv=None) -> int:
     return 0
 
 
-def check_chain(models, dtype, rng) -> None:
-    """Sanity check: the fused and stock chains agree at 1 row (loosely: float16 rounds differently
-    at the stock ops' boundaries)."""
-    feeds = feeds_for("chain", 1, dtype, rng)
-    fused = session(models["fused chain"][0], 1).run(None, feeds)[0].astype(np.float32)
-    stock = session(models["stock chain"][0], 1).run(None, feeds)[0].astype(np.float32)
+def check_chain(fused_model: bytes, stock_model: bytes, dtype, stock_dtype, rng) -> None:
+    """Sanity check: the fused and stock chains agree at 1 row (loosely: float16 rounds differently at
+    the stock ops' boundaries; a bfloat16 chain is checked against the float16 stock chain of the same
+    weights, to bfloat16's precision)."""
+    x = rng.standard_normal((1, C * H))
+    outs = []
+    for model, dt in ((fused_model, dtype), (stock_model, stock_dtype)):
+        sess = session(model, 1)
+        binding = bind(sess, {"hyper_states": x.astype(dt)})
+        sess.run_with_iobinding(binding)
+        outs.append(from_ort_value(binding.get_outputs()[0]).astype(np.float32))
+    fused, stock = outs
     scale = float(np.abs(stock).max()) or 1.0
     gap = float(np.abs(fused - stock).max()) / scale
-    if not np.isfinite(fused).all() or gap > 0.05:
-        raise RuntimeError(f"bench_cpu: fused and stock chains disagree ({np.dtype(dtype).name}: max gap {gap:.3g} "
-                           "relative to the largest output)")
+    bound = 0.05 if np.dtype(dtype) == np.dtype(stock_dtype) else 0.2
+    if not np.isfinite(fused).all() or gap > bound:
+        raise RuntimeError(f"bench_cpu: fused and stock chains disagree ({np.dtype(dtype).name} vs "
+                           f"{np.dtype(stock_dtype).name}: max gap {gap:.3g} relative to the largest output)")
 
 
 def write_table(results: list[dict], out: Path, meta: str, args) -> None:
     lines = [f"# HyperConnectionLowRankMix on onnxruntime CPU ({meta})", "",
              f"ms per block, median over repetitions (at least {args.min_reps}, about {args.budget_s:g} s each); "
              "node: one block, weights hot in cache; chain: decode graph with distinct weights per block "
-             f"(> {args.chain_mb:g} MB, cold); ratio = fused / stock; floor = one block's weight bytes / copy bandwidth.",
+             f"(> {args.chain_mb:g} MB, cold); ratio = fused / stock; floor = one block's weight bytes / copy bandwidth. "
+             "stock = the stock chain in the dtype named (bfloat16: float16's, since ORT's CPU provider cannot run "
+             "a bfloat16 stock chain).",
              "", "| dtype | threads | rows | fused node | stock node | ratio | fused chain | stock chain | ratio | floor |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     by_key = {(r["dtype"], r["threads"], r["rows"], r["kind"]): r for r in results}
     for dt, t, rows in sorted({(r["dtype"], r["threads"], r["rows"]) for r in results},
                               key=lambda k: (list(DTYPES).index(k[0]), k[1], k[2])):
         node, chain = by_key[dt, t, rows, "node"], by_key[dt, t, rows, "chain"]
-        lines.append(f"| {dt} | {t} | {rows} | {node['fused']:.3f} | {node['stock']:.3f} | "
-                     f"{node['fused'] / node['stock']:.2f} | {chain['fused']:.3f} | {chain['stock']:.3f} | "
+        stock = "" if node["stock_dtype"] == dt else f" ({node['stock_dtype']})"
+        lines.append(f"| {dt} | {t} | {rows} | {node['fused']:.3f} | {node['stock']:.3f}{stock} | "
+                     f"{node['fused'] / node['stock']:.2f} | {chain['fused']:.3f} | {chain['stock']:.3f}{stock} | "
                      f"{chain['fused'] / chain['stock']:.2f} | {node['floor']:.3f} |")
     text = "\n".join(lines) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,10 @@ bit for bit:
 - sigmoid(x) = 1 / (1 + e) in fp32 with e = exp(-x) correctly rounded to fp32 (computed in
   float64 and rounded once; an accurate expf gives the same e).
 
+A kernel may fuse the products' multiply-adds (the CPU kernel does where the CPU has FMA): for
+float16 and bfloat16 inputs each product is exact in fp32, so the bits do not change; for float32
+they may, by a few ulp of the outputs (the kernel tests state the bound).
+
 T is np.float32, np.float16 or ml_dtypes.bfloat16, the same for every input and output.
 """
 

@@ -2,19 +2,26 @@
 
 The kernel performs the reference's operations in the reference's order (sequential fp32
 accumulation over k for every dot product and the norm's sum of squares, branches summed in order,
-separate multiply and add, sigmoid from a correctly rounded exp), so every comparison here is
-bitwise; the only allowance is NaN payloads in test_special_values (compared as "both NaN").
+sigmoid from a correctly rounded exp). Its products fuse each multiply-add (FMA) where the
+instruction set has it: for float16 and bfloat16 the product of two rounded 16-bit values is exact
+in fp32, so that changes no bit and those comparisons stay bitwise; for float32 it skips one
+rounding per step, so pre_output and post_gate are held to FP32_BOUND scaled ulps of the reference
+(hcfuse.verification.ulp_gap), streams_out stays bitwise. Row independence and determinism are
+bitwise for every type (the kernel against itself). NaN payloads in test_special_values are
+compared as "both NaN".
 """
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import onnx_ir as ir
 import pytest
 
 from hcfuse import reference
 from hcfuse._op import OUTPUTS, QWEN_ATTRIBUTES, QWEN_SHAPE
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
+from hcfuse.verification import ulp_gap
 from tests._compare import BFLOAT16, assert_bitwise_equal, assert_ulp_close, run_bound
 
 DTYPES = [np.float32, np.float16, BFLOAT16]
@@ -22,6 +29,20 @@ DTYPE_IDS = ["float32", "float16", "bfloat16"]
 ODD_ATTRS = {"epsilon": 1e-3, "reduction_scale": 0.7, "silu_alpha": 1.7, "gate_div": 3.0, "gate_mul": 1.5}
 QWEN_ATTRS = QWEN_ATTRIBUTES
 ACTIVATIONS = ("streams", "prev_block_output", "prev_post_gate")
+# float32 pre_output / post_gate against the reference, in scaled ulps (ulp at max(|value|, rms of the
+# output)): FMA against separate multiply and add. Measured at the Qwen size (K = 10240, unit-variance
+# products, 1/4/16 rows, 3 seeds): at most 6 (pre_output) and 4 (post_gate).
+FP32_BOUND = 16
+
+
+def assert_matches_reference(actual, expected, name: str, what: str, fp32_bound: float = FP32_BOUND) -> None:
+    """Bitwise, except float32 pre_output / post_gate: within fp32_bound scaled ulps."""
+    if np.asarray(actual).dtype == np.float32 and name in ("pre_output", "post_gate"):
+        assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+        gap = ulp_gap(expected, actual, ir.DataType.FLOAT)
+        assert gap <= fp32_bound, f"{what}: {gap:.3g} scaled ulps from the reference > bound {fp32_bound}"
+    else:
+        assert_bitwise_equal(actual, expected, what)
 
 
 def run_kernel(make_session, *, C, H, R, dtype, feeds, leading_dims=None, prologue=False, streams_out=True,
@@ -44,7 +65,7 @@ def check_against_reference(make_session, *, C, H, R, dtype, lead, rng, prologue
     want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **attrs)))
     assert list(got) == list(OUTPUTS[: 3 if streams_out else 2])
     for name, value in got.items():
-        assert_bitwise_equal(value, want[name], f"{name} (C={C}, H={H}, R={R}, lead={lead}, prologue={prologue})")
+        assert_matches_reference(value, want[name], name, f"{name} (C={C}, H={H}, R={R}, lead={lead}, prologue={prologue})")
     return feeds, got
 
 
@@ -101,16 +122,51 @@ def test_qwen_size(make_session, rng, rows, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_row_independence(make_session, rng, dtype):
-    """A row gives the same bits alone as inside a batch of 17 (a row tile of 16 plus a tail of 1)."""
-    C, H, R, rows = 4, 16, 8, 17
+@pytest.mark.parametrize("rows", [1, 3, 5, 70])
+def test_product_chunk_edges(make_session, rng, dtype, rows):
+    """R = 200 and H = 136 leave partial chunks (160 + 40 down columns, 128 + 8 features per branch);
+    1-4 rows read 16-bit weights in place, more rows widen a copy first, 70 rows span two passes."""
+    check_against_reference(make_session, C=2, H=136, R=200, dtype=dtype, lead=(rows,), rng=rng, prologue=True,
+                            **QWEN_ATTRS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("H, R, rows, picks", [(16, 8, 17, (0, 3, 4, 9, 16)), (24, 20, 130, (0, 63, 64, 127, 129))],
+                         ids=["17-rows", "130-rows"])
+def test_row_independence(make_session, rng, dtype, H, R, rows, picks):
+    """A row gives the same bits alone as inside a batch. Rows share weight reads in tiles of up to 64
+    (the rows of one pass): 17 rows are one partial tile; 130 rows are 2 full passes and a tail of 2,
+    picked at the edges of each tile."""
+    C = 4
     feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
     batch = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True, **ODD_ATTRS)
-    for r in (0, 3, 4, 9, 16):
+    want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **ODD_ATTRS)))
+    for name in batch:
+        assert_matches_reference(batch[name], want[name], name, f"{name} (batch of {rows})")
+    for r in picks:
         one = {k: (v[r : r + 1] if k in ACTIVATIONS else v) for k, v in feeds.items()}
         alone = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=one, prologue=True, **ODD_ATTRS)
         for name in alone:
             assert_bitwise_equal(alone[name][0], batch[name][r], f"{name} row {r} alone vs in a batch of {rows}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_sigmoid_over_a_wide_range(make_session, rng, dtype):
+    """up and Z reach far beyond +-87, where the kernel's vector sigmoid hands lanes to the scalar one
+    (fp32 e subnormal or overflowing), and cover the range in between densely: bitwise equal to the
+    reference's sigmoid (exp in float64, rounded once). In float32 the sigmoid's slope at such |up|
+    multiplies the products' few-ulp FMA differences: measured 79 scaled ulps, asserted <= 256."""
+    C, H, R = 2, 1000, 24
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((3,), C, H, dtype, rng, prologue=True)}
+    feeds["down_weight"] = (feeds["down_weight"].astype(np.float32) * 40).astype(dtype)  # Z ~ 40 N(0, 1)
+    steps = reference.hc_lowrank_mix_steps(**feeds, num_branches=C)
+    up = steps["up"].astype(np.float32)
+    assert np.abs(up).max() > 100 and (np.abs(up) < 87).mean() > 0.3, "inputs do not span the sigmoid's range"
+    assert np.abs(steps["Z"].astype(np.float32)).max() > 100
+    got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True)
+    for name, value in got.items():
+        assert_matches_reference(value, dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C)))[name],
+                                 name, name, fp32_bound=256)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -137,10 +193,12 @@ def test_decode_rows_same_bits_on_any_thread_count(make_session, rng, dtype, row
     feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
     model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True, **QWEN_ATTRS)
     want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **QWEN_ATTRS)))
+    single = run_bound(make_session(model, intra_op_threads=1), feeds)
     for threads in (1, 2, 4):
         got = run_bound(make_session(model, intra_op_threads=threads), feeds)
         for name in got:
-            assert_bitwise_equal(got[name], want[name], f"{name}: {threads} threads, rows={rows}")
+            assert_matches_reference(got[name], want[name], name, f"{name}: {threads} threads, rows={rows}")
+            assert_bitwise_equal(got[name], single[name], f"{name}: {threads} threads vs 1, rows={rows}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -161,7 +219,10 @@ def test_special_values(make_session, rng, dtype, H, R):
     got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True)
     want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C)))
     for name in got:
-        assert_ulp_close(got[name], want[name], 0, name)
+        if dtype == np.float32 and name != "streams_out":
+            assert_matches_reference(got[name], want[name], name, name)  # ulp_gap: NaN/inf where the reference has them
+        else:
+            assert_ulp_close(got[name], want[name], 0, name)
 
 
 def test_rejects_bad_input_without_computing(make_session, rng):
@@ -179,4 +240,4 @@ def test_rejects_bad_input_without_computing(make_session, rng):
         sess.run(None, bad)
     got = sess.run(None, feeds)
     for name, a, b in zip(OUTPUTS, got, reference.hc_lowrank_mix(**feeds, num_branches=C)):
-        assert_bitwise_equal(a, b, name)
+        assert_matches_reference(a, b, name, name)

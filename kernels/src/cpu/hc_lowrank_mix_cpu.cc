@@ -5,7 +5,7 @@
 //   2. down -> Z -> SG -> hidden and inject -> post_gate per (row tile, block of output columns);
 //   3. up -> g and pre_output per (row tile, block of features h, all C branches).
 // The products run in hc_lowrank_mix_cpu_gemm.inc, compiled for AVX-512, AVX2 and plain x86-64 (or
-// the target's default) and picked at run time; every variant gives the same bits.
+// the target's default) and picked at run time; the variants differ only in FMA (see the header).
 #include "cpu/hc_lowrank_mix_cpu.h"
 
 #include <algorithm>
@@ -43,7 +43,14 @@ struct CpuOps {
   void (*widen)(const T* src, int64_t n, float* dst);  // dst[i] = ToFloat(src[i])
   void (*narrow)(const float* x, int64_t n, T* out);   // out[i] = FromFloat<T>(x[i])
   void (*round)(float* x, int64_t n);                  // x[i] = RoundToT<T>(x[i])
+  void (*sigmoid)(float* x, int64_t n);                // x[i] = Sigmoid(x[i])
 };
+
+// sigmoid(x) = 1 / (1 + e), e = exp(-x) correctly rounded to fp32 (computed in double, rounded once).
+inline float Sigmoid(float x) {
+  const float e = static_cast<float>(std::exp(-static_cast<double>(x)));
+  return 1.0f / (1.0f + e);
+}
 
 inline void WidenHalfPortable(const Half* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = ToFloat(src[i]);
@@ -56,20 +63,33 @@ inline void RoundHalfPortable(float* x, int64_t n) {
 }
 
 namespace generic {
-constexpr int MaxVectors(int rows) { return rows == 1 ? 2 : 1; }
+constexpr int kLanes = 16 / sizeof(float);  // SSE2 (x86-64's baseline), 16 registers
+constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
 inline void WidenHalf(const Half* src, int64_t n, float* dst) { WidenHalfPortable(src, n, dst); }
 inline void NarrowHalf(const float* x, int64_t n, Half* out) { NarrowHalfPortable(x, n, out); }
 inline void RoundHalf(float* x, int64_t n) { RoundHalfPortable(x, n); }
+typedef float LaneVector __attribute__((vector_size(kLanes * sizeof(float))));
+inline LaneVector MulAdd(LaneVector acc, float x, LaneVector w) { return acc + x * w; }  // no FMA in SSE2
+inline LaneVector LoadHalf(const Half* src) {
+  LaneVector v;
+  for (int i = 0; i < kLanes; ++i) v[i] = ToFloat(src[i]);
+  return v;
+}
 #include "cpu/hc_lowrank_mix_cpu_gemm.inc"
 }  // namespace generic
 
 #ifdef HCFUSE_X86_DISPATCH
 #pragma GCC push_options
-#pragma GCC target("avx2,f16c")
+#pragma GCC target("avx2,f16c,fma")
 namespace avx2 {
-constexpr int MaxVectors(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
+constexpr int kLanes = 8;  // 16 registers: 8 accumulators, the rest for weights, x and products
+constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
 // F16C widening is exact, as ToFloat is (a NaN's payload is kept; only its quiet bit may differ,
 // and no NaN reaches a 16-bit output with its payload: FromFloat<Half> makes every NaN 0x7e00).
+inline __m256 MulAdd(__m256 acc, float x, __m256 w) { return _mm256_fmadd_ps(_mm256_set1_ps(x), w, acc); }
+inline __m256 LoadHalf(const Half* src) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+}
 inline void WidenHalf(const Half* src, int64_t n, float* dst) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -110,7 +130,12 @@ inline void RoundHalf(float* x, int64_t n) {
 // reports as maybe uninitialized (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace avx512 {
+constexpr int kLanes = 16;  // 32 registers
 constexpr int MaxVectors(int rows) { return rows <= 2 ? 8 : 4; }
+inline __m512 MulAdd(__m512 acc, float x, __m512 w) { return _mm512_fmadd_ps(_mm512_set1_ps(x), w, acc); }
+inline __m512 LoadHalf(const Half* src) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+}
 inline void WidenHalf(const Half* src, int64_t n, float* dst) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -144,7 +169,7 @@ inline void RoundHalf(float* x, int64_t n) {
 #pragma GCC pop_options
 #endif
 
-// The widest instruction set this CPU (and OS) runs; all give the same bits.
+// The widest instruction set this CPU (and OS) runs (float32 bits differ between FMA and SSE2).
 template <typename T>
 CpuOps<T> PickOps() {
 #ifdef HCFUSE_X86_DISPATCH
@@ -152,18 +177,14 @@ CpuOps<T> PickOps() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c")) {
     return avx512::Ops<T>();
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return avx2::Ops<T>();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma")) {
+    return avx2::Ops<T>();
+  }
 #endif
   return generic::Ops<T>();
 }
 
-// sigmoid(x) = 1 / (1 + e), e = exp(-x) correctly rounded to fp32 (computed in double, rounded once).
-inline float Sigmoid(float x) {
-  const float e = static_cast<float>(std::exp(-static_cast<double>(x)));
-  return 1.0f / (1.0f + e);
-}
-
-constexpr int64_t kColumnBlock = 32;    // down / inject output columns per task (one cache line of fp16)
+constexpr int64_t kColumnBlock = 160;   // down / inject output columns per task: R = 320 in two halves
 constexpr int64_t kFeatureBlock = 128;  // features h per up/mix task (C * 128 output columns)
 constexpr int64_t kSpan = 256;          // elementwise work in stack spans of this many floats
 constexpr int64_t kNormRows = 4;        // rows per norm task (their sums of squares interleaved)
@@ -252,7 +273,8 @@ class Pass {
         float sg[kColumnBlock];
         for (int64_t j = 0; j < n; ++j) v[j] = p_.silu_alpha * v[j];
         ops_.round(v, n);  // rounding point: Z
-        for (int64_t j = 0; j < n; ++j) sg[j] = Sigmoid(v[j]);
+        std::memcpy(sg, v, n * sizeof(float));
+        ops_.sigmoid(sg, n);
         ops_.round(sg, n);  // rounding point: SG
         float* hidden = hidden_ + (r0 + r) * R + n0;
         for (int64_t j = 0; j < n; ++j) hidden[j] = v[j] * sg[j];
@@ -280,7 +302,7 @@ class Pass {
       for (int64_t c = 0; c < C; ++c) {
         float* v = gr + c * H;
         ops_.round(v, n);  // rounding point: up
-        for (int64_t h = 0; h < n; ++h) v[h] = Sigmoid(v[h]);
+        ops_.sigmoid(v, n);
         ops_.round(v, n);  // rounding point: g
         const float* hc = hn + c * H;
         for (int64_t h = 0; h < n; ++h) mix[h] += hc[h] * v[h];  // branches in order c = 0..C-1
