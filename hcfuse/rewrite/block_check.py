@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from hcfuse import _op
 from hcfuse.rewrite.shape_facts import ShapeFacts
-from hcfuse.rewrite.values import describe, true_constant
+from hcfuse.rewrite.values import describe, outside_use, true_constant
 
 _TYPES = {ir.DataType(t) for t in _op.ELEMENT_TYPES}
 
@@ -139,16 +139,9 @@ class BlockCheck:
         for user, _ in hn.uses():
             if user not in matched:
                 raise Reject(f"hn {hn.name!r} is also consumed by {_node_name(user)}")
-        outputs = set(self.context.output_values)
-        for node in self.context.nodes:
-            for value in node.outputs:
-                if value in outputs:
-                    continue
-                if value.is_graph_output():
-                    raise Reject(f"intermediate {value.name!r} is a graph output")
-                for user, _ in value.uses():
-                    if user not in matched:
-                        raise Reject(f"intermediate {value.name!r} is also consumed by {_node_name(user)}")
+        reason = outside_use(self.context.nodes, self.context.output_values)
+        if reason is not None:
+            raise Reject(reason)
 
     def _matrix(self, name: str) -> tuple[int, int]:
         dims = self.dims(name)

@@ -15,6 +15,7 @@ from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
 from hcfuse.rewrite.session import CheckFailure, FusionSession
 from hcfuse.rewrite.shape_facts import ShapeFacts
 from hcfuse.rewrite.standard_onnx import canonicalize_standard_onnx
+from hcfuse.rewrite.values import remove_unused_constants
 
 
 def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
@@ -32,7 +33,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
     session = FusionSession(model)
     count = make_ruleset(session).apply_to_model(model)
     report = FusionReport(fused=[FusedBlock(f.rule, f.node, f.replaced, f.anchor, f.prologue) for f in session.fused])
-    _remove_dead(session.maybe_dead)
+    remove_unused_constants(session.maybe_dead)
     if count:
         for graph in _all_graphs(model):
             graph.sort()
@@ -73,19 +74,6 @@ def _all_graphs(model: ir.Model) -> list[ir.Graph | ir.Function]:
 def fuse_hc_lowrank_mix(model: ir.Model, debug: bool = False) -> int:
     """Fuses every matching block of model in place; returns the number of fused blocks."""
     return len(fuse_with_report(model, debug=debug).fused)
-
-
-def _remove_dead(values: list[ir.Value]) -> None:
-    """Removes the constants (Constant nodes or initializers) among values that nothing reads any more."""
-    for value in dict.fromkeys(values):
-        if value.uses() or value.is_graph_output() or value.is_graph_input():
-            continue
-        producer = value.producer()
-        if producer is not None:
-            if producer.op_type == "Constant" and producer.graph is not None:
-                producer.graph.remove(producer, safe=True)
-        elif value.is_initializer() and value.graph is not None:
-            del value.graph.initializers[value.name]
 
 
 _PARTS = {"Prologue": "prologue", "GateMul": "gate Mul"}  # rule-name tag -> the part it fuses

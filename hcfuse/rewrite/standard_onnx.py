@@ -28,6 +28,7 @@ import onnx_ir as ir
 from hcfuse import _op
 from hcfuse.rewrite.report import Rejection
 from hcfuse.rewrite.standard_onnx_rules import Candidate, _Recorder, make_ruleset
+from hcfuse.rewrite.values import remove_unused_constants
 
 _TRIAL = "hcfuse.standard_onnx.trial"  # graph meta key: this copy is a trial (nothing to canonicalize)
 
@@ -83,7 +84,7 @@ def canonicalize_standard_onnx(
     report.rejected += [Rejection(f"StandardOnnx{c.kind}", c.group, c.reason) for c in first.elsewhere.values()]
     if allowed:
         recorder = _rewrite(model, allowed, shapes)
-        _remove_unused_constants(model.graph, recorder.maybe_dead)
+        remove_unused_constants(recorder.maybe_dead)
         report.canonicalized = [c.group for _, c in sorted(recorder.candidates.items()) if c.node is not None]
     return report
 
@@ -153,16 +154,3 @@ def _why_left(candidate: Candidate, trial_result) -> str:
         what = f"the next block ({anchor!r}) did not absorb it as its prologue"
     detail = rejected.get(anchor)
     return what + (f": {detail}" if detail else "")
-
-
-def _remove_unused_constants(graph: ir.Graph, values: list[ir.Value]) -> None:
-    """Removes the Constant nodes and initializers among values that nothing reads any more."""
-    for value in dict.fromkeys(values):
-        if value.uses() or value.is_graph_output() or value.is_graph_input():
-            continue
-        producer = value.producer()
-        if producer is not None:
-            if producer.op_type == "Constant" and producer.graph is graph:
-                graph.remove(producer, safe=True)
-        elif graph.initializers.get(value.name) is value:
-            del graph.initializers[value.name]

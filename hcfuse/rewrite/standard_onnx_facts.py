@@ -68,19 +68,3 @@ def attr(node: ir.Node, name: str, default):
     if found.is_ref():
         raise UnresolvedAttribute(f"{node.op_type} {node.name!r}: attribute {name!r} refers to {found.ref_attr_name!r}")
     return found.value
-
-
-def outside_use(nodes, outputs) -> str | None:
-    """Why matched nodes cannot all be replaced: a value they compute, other than the match's outputs,
-    that is a graph output or read by another node; else None."""
-    matched, outputs = set(nodes), set(outputs)
-    for node in nodes:
-        for value in node.outputs:
-            if value in outputs:
-                continue
-            if value.is_graph_output():
-                return f"intermediate {value.name!r} is a graph output"
-            for user, _ in value.uses():
-                if user not in matched:
-                    return f"intermediate {value.name!r} is also consumed by {user.op_type} {user.name!r}"
-    return None

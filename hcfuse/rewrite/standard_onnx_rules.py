@@ -28,11 +28,11 @@ from onnxscript.rewriter._rewrite_rule import RewriteRule, RewriteRuleClassBase,
 
 from hcfuse import _op
 from hcfuse.rewrite.standard_onnx_facts import dims as declared_dims
-from hcfuse.rewrite.values import describe
 from hcfuse.rewrite.standard_onnx_facts import (
     FLOAT_TYPES, UnresolvedAttribute, attr, constant_array, int_list, keeps_leading, normalize_axis,
-    outside_use, same_dims,
+    same_dims,
 )
+from hcfuse.rewrite.values import describe, outside_use
 
 
 @dataclasses.dataclass

@@ -45,3 +45,32 @@ def describe(value: ir.Value) -> str:
             return f"initializer {value.name!r}, which is also a graph input (an overridable default)"
         return f"initializer {value.name!r}"
     return f"graph input {value.name!r}"
+
+
+def outside_use(nodes, outputs) -> str | None:
+    """Why matched nodes cannot all be replaced: a value they compute, other than the match's outputs,
+    that is a graph output or read by another node; else None."""
+    matched, outputs = set(nodes), set(outputs)
+    for node in nodes:
+        for value in node.outputs:
+            if value in outputs:
+                continue
+            if value.is_graph_output():
+                return f"intermediate {value.name!r} is a graph output"
+            for user, _ in value.uses():
+                if user not in matched:
+                    return f"intermediate {value.name!r} is also consumed by {user.op_type} {user.name!r}"
+    return None
+
+
+def remove_unused_constants(values: list[ir.Value]) -> None:
+    """Removes the constants (Constant nodes or initializers) among values that nothing reads any more."""
+    for value in dict.fromkeys(values):
+        if value.uses() or value.is_graph_output() or value.is_graph_input():
+            continue
+        producer = value.producer()
+        if producer is not None:
+            if producer.op_type == "Constant" and producer.graph is not None:
+                producer.graph.remove(producer, safe=True)
+        elif value.is_initializer() and value.graph is not None:
+            del value.graph.initializers[value.name]
