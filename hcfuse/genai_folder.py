@@ -21,9 +21,8 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 
-from hcfuse import model_io
+from hcfuse import model_io, temporaries
 from hcfuse._library import get_library_path, library_file_name
 from hcfuse.pipeline import FileResult, optimize_file, unfuse_file
 
@@ -103,7 +102,7 @@ class _Folder:
     def write_config(self) -> str:
         """OUT_DIR/genai_config.json, indented as the builder writes it, with the input's permissions."""
         path = os.path.join(self.out, CONFIG_NAME)
-        _replace_atomic(path, lambda tmp: _dump_json(self.config, tmp, like=os.path.join(self.dir, CONFIG_NAME)))
+        temporaries.replace_atomic(path, lambda tmp: _dump_json(self.config, tmp, like=os.path.join(self.dir, CONFIG_NAME)))
         return path
 
 
@@ -114,20 +113,8 @@ def _dump_json(data: dict, path: str, like: str) -> None:
     shutil.copymode(like, path)
 
 
-def _replace_atomic(target: str, write) -> None:
-    """write(tmp) fills a temporary file beside target, which then replaces target in one rename."""
-    fd, tmp = tempfile.mkstemp(prefix=".hcfuse-", dir=os.path.dirname(target))
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _copy_atomic(source: str, target: str) -> None:
-    _replace_atomic(target, lambda tmp: shutil.copy2(source, tmp))
+    temporaries.replace_atomic(target, lambda tmp: shutil.copy2(source, tmp))
 
 
 def _names_hcfuse_library(value) -> bool:

@@ -57,17 +57,12 @@ def _op_counts(model: ir.Model) -> dict[str, int]:
 
 
 def _write_json_atomic(path: str, data: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, temporaries.new_name(".json"))
-    try:
+    def write(tmp: str) -> None:
         with open(tmp, "x") as f:
             json.dump(data, f, indent=1, default=str)
             f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    temporaries.replace_atomic(path, write, suffix=".json")
 
 
 def _run(input, output, transform: Callable[[ir.Model, Progress], dict], progress: Progress | None,

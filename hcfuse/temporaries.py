@@ -46,6 +46,19 @@ def new_name(suffix: str = "") -> str:
     return f"{PREFIX}{_host_id()}-{os.getpid()}-{_start_time(os.getpid()) or 0}-{secrets.token_hex(4)}{suffix}"
 
 
+def replace_atomic(target: str, write, suffix: str = "") -> None:
+    """write(tmp) fills a temporary file beside target (named by new_name, so a later run removes it if
+    this one is killed), which then replaces target in one rename."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(target)), new_name(suffix))
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 @dataclasses.dataclass(frozen=True)
 class Temporary:
     path: str
