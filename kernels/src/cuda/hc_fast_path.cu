@@ -270,18 +270,19 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const Fast
       } else {
         WarpMma<T, 4, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
       }
+      // per1 is a whole number of tiles, so a tile has one owner: one address per tile and one 8-byte
+      // store per row (a lane's two adjacent columns). The padding columns past np go along (zeros,
+      // inside the owner's per1 columns, never read).
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         if (n0[u] < 0) continue;
+        const int owner = n0[u] / d.per1;
+        float* dst = red + rank * d.rt * d.per1 + n0[u] - owner * d.per1 + (lane & 3) * 2;
+        if constexpr (CL > 1) dst = PeerShared(dst, owner);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = (lane >> 2) + (e >> 1) * 8;
-          const int col = n0[u] + (lane & 3) * 2 + (e & 1);
-          if (i >= nr || col >= d.np) continue;
-          const int owner = col / d.per1;
-          float* dst = red + (rank * d.rt + i) * d.per1 + col - owner * d.per1;
-          if constexpr (CL > 1) dst = PeerShared(dst, owner);
-          *dst = acc[u][e];
+        for (int half = 0; half < 2; ++half) {
+          const int i = (lane >> 2) + half * 8;
+          if (i < nr) *reinterpret_cast<float2*>(dst + i * d.per1) = make_float2(acc[u][2 * half], acc[u][2 * half + 1]);
         }
       }
     }
@@ -476,7 +477,8 @@ FastDims MakeDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& 
   d.ks = d.cpb > 0 ? d.H / d.cpb : 0;
   d.ldb1 = static_cast<int>(HcFastPaddedStride(p.R + 8));
   d.lda1 = static_cast<int>(HcFastPaddedStride(d.ks));
-  d.per1 = (d.np + cluster - 1) / cluster;
+  // partial columns per cluster rank: whole 8-column mma tiles (stage 1 stores a tile to one rank)
+  d.per1 = static_cast<int>(HcFastRoundUp((d.np + 7) / 8, cluster) / cluster * 8);
   d.groups = d.cpb * d.C / cluster;
   d.g4 = static_cast<int>(HcFastRoundUp(d.groups, 4));
   const int ctas2 = static_cast<int>(HcFastStage2Ctas(p, cluster));
