@@ -35,42 +35,47 @@ constexpr int kParts = static_cast<int>(kHcFastSsParts);
 
 // One warp: out[t] = A[16 x 16*ksteps] @ B[:, n0[t] .. n0[t] + 8) for TILES column tiles (n0 < 0: none),
 // A and B in shared memory (row strides lda, ldb); A has a_rows rows and a zero row after them, which
-// stands in for rows a_rows..15. k steps go round-robin to CHAINS accumulators
-// (independent mma chains), added in order at the end. The accumulator layout is mma's: lane l holds
-// rows l/4 and l/4 + 8, columns 2 * (l % 4) + {0, 1}.
+// stands in for rows a_rows..15. k step k goes to accumulator chain k % CHAINS (independent mma chains),
+// the chains added in order at the end. The accumulator layout is mma's: lane l holds rows l/4 and
+// l/4 + 8, columns 2 * (l % 4) + {0, 1}.
+// The code runs once per launch on the critical path after the grid-dependency wait, where every
+// instruction counts (bench/README.md): lane addresses are shared-memory byte addresses computed once
+// and advanced by a constant per step, a missing tile multiplies tile 0's columns into a discarded
+// accumulator instead of branching, and only the last partial group of steps is checked.
 template <typename T, int TILES, int CHAINS>
 __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T* B, int ldb, int ksteps,
                                         const int (&n0)[TILES], float (&out)[TILES][4]) {
   const int lane = threadIdx.x & 31;
   float acc[CHAINS][TILES][4] = {};
-  const T* a_lane = A + min(lane & 15, a_rows) * lda + (lane >> 4) * 8;
-  const T* b_lane = B + (lane & 15) * ldb;
-  // Every fragment of a group of CHAINS k steps is loaded before the group's products are issued: the
-  // asm statements keep their program order, and a product issued right after its own loads would
-  // wait out their latency one by one (measured: ~100-170 cycles per product in the timeline probe).
-  // Not unrolled: the asm statements keep their order anyway, and the code of a kernel that runs once per
-  // launch is fetched cold, so every unrolled copy costs fetch time on the critical path.
-#pragma unroll 1
-  for (int k = 0; k < ksteps; k += CHAINS) {
+  const unsigned a_row = SharedAddress(A + min(lane & 15, a_rows) * lda + (lane >> 4) * 8);
+  const unsigned b_row = SharedAddress(B + (lane & 15) * ldb);
+  unsigned b_col[TILES];
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) b_col[t] = b_row + 2 * max(n0[t], 0);
+  const unsigned a_step = 16 * 2, b_step = 16 * 2 * ldb;  // bytes from one k step to the next
+  // Every fragment of a group of CHAINS steps is loaded before the group's products are issued: the asm
+  // statements keep their program order, and a product issued right after its own loads would wait out
+  // their latency one by one (measured: ~100-170 cycles per product in the timeline probe).
+  auto group = [&](int k, int steps) {
     unsigned a[CHAINS][4], b[CHAINS][TILES][2];
 #pragma unroll
     for (int c = 0; c < CHAINS; ++c) {
-      if (k + c >= ksteps) continue;
-      LoadAFragment(a[c], a_lane + (k + c) * 16);
+      if (c >= steps) continue;
+      LoadAFragment(a[c], a_row + (k + c) * a_step);
 #pragma unroll
-      for (int t = 0; t < TILES; ++t) {
-        if (n0[t] >= 0) LoadBFragment(b[c][t], b_lane + (k + c) * 16 * ldb + n0[t]);
-      }
+      for (int t = 0; t < TILES; ++t) LoadBFragment(b[c][t], b_col[t] + (k + c) * b_step);
     }
 #pragma unroll
     for (int c = 0; c < CHAINS; ++c) {
-      if (k + c >= ksteps) continue;
+      if (c >= steps) continue;
 #pragma unroll
-      for (int t = 0; t < TILES; ++t) {
-        if (n0[t] >= 0) Mma<T>(acc[c][t], a[c], b[c][t]);
-      }
+      for (int t = 0; t < TILES; ++t) Mma<T>(acc[c][t], a[c], b[c][t]);
     }
-  }
+  };
+  int k = 0;
+#pragma unroll 1
+  for (; k + CHAINS <= ksteps; k += CHAINS) group(k, CHAINS);
+  if (k < ksteps) group(k, ksteps - k);
 #pragma unroll
   for (int t = 0; t < TILES; ++t) {
 #pragma unroll

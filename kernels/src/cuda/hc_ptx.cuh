@@ -92,18 +92,19 @@ __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // A fragment of a 16 x 16 tile of row-major A (row stride lda elements) at column k0.
-__device__ __forceinline__ void LoadAFragment(unsigned (&a)[4], const void* lane_row_ptr) {
+// lane_row: the shared-memory address (SharedAddress) of this lane's row.
+__device__ __forceinline__ void LoadAFragment(unsigned (&a)[4], unsigned lane_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(SharedAddress(lane_row_ptr))
+               : "r"(lane_row)
                : "memory");
 }
 
 // B fragment of a 16 x 8 tile of row-major B ([k][n], used in place) through the transposing load.
-__device__ __forceinline__ void LoadBFragment(unsigned (&b)[2], const void* lane_row_ptr) {
+__device__ __forceinline__ void LoadBFragment(unsigned (&b)[2], unsigned lane_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
                : "=r"(b[0]), "=r"(b[1])
-               : "r"(SharedAddress(lane_row_ptr))
+               : "r"(lane_row)
                : "memory");
 }
 
