@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of a fast-path change in one device session: builds the kernels of BASE (a folder holding another
 # checkout's kernels/, e.g. `git archive HEAD~1 kernels | tar -x -C base`) and of this checkout side by
-# side, then runs each build's timeline probe (bf16, batched stage 1 as the glue's bf16 default) and
+# side, then runs each build's timeline probe (bf16, the default tuning) and
 # bench_decode.py (fast path, bf16 and fp16) back to back, and the fast-path tests on this checkout's
 # build. Needs onnxruntime-gpu importable and ORT_INCLUDE_DIR. Logs under $OUT (or ./ab_out).
 #   BASE=/path/with/kernels ORT_INCLUDE_DIR=... bash bench/ab_fast_path.sh [bench_decode.py args]
@@ -21,7 +21,7 @@ wait $pid || { tail -30 "$out/build_base.log"; exit 1; }
 stamp built
 bench_args=${*:---rows 1 2 4 8 16 --dtypes bf16 fp16 --variants fast --reps 3}
 for which in base cand; do
-  HCFUSE_FAST_BATCH=1 timeout 90 /tmp/ab_$which/hc_fast_timeline --rows 1 4 --reps 5 > "$out/timeline_$which.log" 2>&1
+  timeout 90 /tmp/ab_$which/hc_fast_timeline --rows 1 4 --reps 5 > "$out/timeline_$which.log" 2>&1
   stamp "timeline $which"; grep -E "^\|" "$out/timeline_$which.log" | head -30
   HCFUSE_LIBRARY=/tmp/ab_$which/libhcfuse_ops.so timeout 200 python3 bench/bench_decode.py --out "$out/bench_$which" \
     $bench_args > "$out/bench_$which.log" 2>&1

@@ -115,8 +115,8 @@ class ChainRunner:
             path, _, tuning = variant.partition("@")
             path, _, design = path.partition("/")
             env["HCFUSE_FORCE_PATH"] = path
-            if design == "batched":  # the cluster design with stage 1's batched loads (HCFUSE_FAST_BATCH)
-                env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1")
+            if design in ("batched", "unbatched"):  # the cluster design with or without stage 1's batched loads
+                env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1" if design == "batched" else "0")
             elif design:
                 env["HCFUSE_FAST_DESIGN"] = design
             if tuning:

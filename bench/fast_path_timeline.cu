@@ -108,8 +108,8 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     hcfuse::HcFastTuning tuning;
     tuning.design = cfg.design;
     tuning.bulk_copies = cfg.bulk;
-    const char* batch = std::getenv("HCFUSE_FAST_BATCH");  // the bf16 default of the ORT glue is batched
-    tuning.batched_stage1 = batch != nullptr && std::strcmp(batch, "1") == 0;
+    const char* batch = std::getenv("HCFUSE_FAST_BATCH");  // batched stage 1 (the default) unless "0"
+    tuning.batched_stage1 = batch == nullptr || std::strcmp(batch, "0") != 0;
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     CK(hcfuse::LaunchHcFast<T>(a, Params(c.rows, b > 0), c.scratch, c.scratch_bytes, stream, true, cfg.pdl, 9, tuning));

@@ -248,7 +248,7 @@ def test_plain_and_cluster_designs_give_the_same_bits(fast_session, rng, monkeyp
 @SAME_BITS_CASES
 @pytest.mark.parametrize("prologue", [True, False], ids=["prologue", "no-prologue"])
 def test_batched_stage1_gives_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, prologue):
-    """HCFUSE_FAST_BATCH=1 (the bfloat16 default; 0 the float16 one) only reorders stage 1's loads and stores (stream loads of a part in one batch,
+    """HCFUSE_FAST_BATCH=1 (the default; 0 the unbatched kernel) only reorders stage 1's loads and stores (stream loads of a part in one batch,
     streams_out / hn_out after the last cluster barrier), so every output equals the default's bit for
     bit, at one pass and several (33 rows), with and without the prologue."""
     _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, "HCFUSE_FAST_BATCH", "0", "1")

@@ -43,8 +43,8 @@ struct HcFastTuning {
   bool bulk_copies = true;  // plain design: weight tiles by the copy engine (cp.async.bulk), not cp.async
   // cluster design: stage 1's stream loads of a part in one batch, streams_out / hn_out stored after
   // the pass's last cluster barrier (hc_fast_path.cu, HcFastStage1Kernel's BATCH; same bits)
-  // (the CUDA glue turns it on for bfloat16, where it measured faster; HCFUSE_FAST_BATCH overrides)
-  bool batched_stage1 = false;
+  // (the default for both types, measured faster; HCFUSE_FAST_BATCH=0 turns it off)
+  bool batched_stage1 = true;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };

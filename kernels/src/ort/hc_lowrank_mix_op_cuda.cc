@@ -62,12 +62,11 @@ PathChoice ReadForcedPath() {
 // copied and HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores
 // (results never change), HCFUSE_FAST_CLUSTER its
 // cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
-// Batched stage 1 is the bfloat16 default: measured on the H200 (bench/README.md, issue 15) it is
-// 1.6-3.1 us per block faster in bf16 at 1-16 rows, but 0.5-2.2 us slower in fp16 at 1-8 rows, whose
-// stage 1 already holds more registers (fewer later kernels resident early).
-HcFastTuning ReadFastTuning(bool bfloat16) {
+// Batched stage 1 is the default: measured on the H200 (bench/README.md, issue 15) it is faster in
+// bf16 at 1-16 rows and, since the leaner mma loop, in fp16 too (0.0-1.0 us per block at 1-16 rows).
+HcFastTuning ReadFastTuning() {
   HcFastTuning tuning;
-  tuning.batched_stage1 = bfloat16;
+  tuning.batched_stage1 = true;
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
                              std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
                              std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster}}) {
@@ -179,7 +178,7 @@ class CudaProvider {
   CudaProvider(const OrtApi& api, const OrtKernelInfo* info)
       : forced_(ReadForcedPath()),
         debug_(ReadDebugFlag()),
-        tuning_(ReadFastTuning(std::is_same_v<T, Ort::BFloat16_t>)),
+        tuning_(ReadFastTuning()),
         gemm_(debug_) {
     weights_constant_ = WeightsAreConstant(api, info);
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
