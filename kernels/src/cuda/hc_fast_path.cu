@@ -71,13 +71,14 @@ struct Stage1Layout {
 };
 
 struct Stage2Layout {
-  size_t tile, a, hn, g, total;
+  size_t tile, a, hn, g, bar, total;
   __host__ __device__ explicit Stage2Layout(const FastDims& d) {
     tile = 0;                                         // T [rp][ldu]
     a = tile + size_t{2} * d.rp * d.ldu;              // T [rt + 1][lda2] (last row zero)
     hn = a + size_t{2} * (d.rt + 1) * d.lda2;         // T [rt][n2]
     g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]
-    total = g + size_t{4} * d.rt * d.n2;
+    bar = (g + size_t{4} * d.rt * d.n2 + 7) / 8 * 8;   // u64: the hidden exchange's mbarrier
+    total = bar + 8;
   }
 };
 
@@ -286,6 +287,8 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const Fast
         }
       }
     }
+    // A cluster barrier, not st.async counted on the owner's mbarrier: measured on the H200 (bench/README.md,
+    // issue 15) that made the phase after it (rank sums, stores, exit) 0.9 us longer in bf16.
     if constexpr (CL > 1) {
       ClusterSync();  // every rank's share of this rank's columns has arrived
     } else {
@@ -348,6 +351,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   T* a_tile = reinterpret_cast<T*>(smem + layout.a);
   T* hn_s = reinterpret_cast<T*>(smem + layout.hn);
   float* g_s = reinterpret_cast<float*>(smem + layout.g);
+  auto* exchange = reinterpret_cast<unsigned long long*>(smem + layout.bar);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, num_warps = blockDim.x >> 5;
   const int h0 = blockIdx.x * d.hs;
@@ -380,6 +384,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   };
   if (weights_are_constant) load_weights();
   ReleaseDependents();
+  if (CL > 1 && tid == 0) MbarrierInit(exchange, 1);  // published to the peers by the cluster barrier below
   if constexpr (CL > 1) ClusterArriveRelaxed();
   WaitOnProducer();  // stage 1's partials and hn
   TimelineMark(d.timeline, d.slot + 1, kTimelineWaited);
@@ -428,14 +433,18 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     __syncthreads();
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase2);  // weights there
     if (share) {
+      // This rank's slice goes to every peer with st.async counted on the peer's exchange barrier,
+      // which expects the other ranks' slices: 2 bytes per hidden value of the R - r_len it lacks.
+      if (tid == 0) MbarrierExpectBytesCluster(exchange, static_cast<unsigned>(2 * nr * (d.R - r_len)));
       const int vecs = r_len / 8;  // 16-byte pieces of this rank's slice of a row
       for (int idx = tid; idx < (CL - 1) * nr * vecs; idx += blockDim.x) {
         int dst = idx / (nr * vecs);
         dst += dst >= rank;
         const int i = (idx % (nr * vecs)) / vecs, off = i * d.lda2 + r_begin + (idx % vecs) * 8;
-        *reinterpret_cast<uint4*>(PeerShared(a_tile + off, dst)) = *reinterpret_cast<const uint4*>(a_tile + off);
+        StoreAsyncToPeer(PeerSharedAddress(SharedAddress(a_tile + off), dst), *reinterpret_cast<const uint4*>(a_tile + off),
+                         PeerSharedAddress(SharedAddress(exchange), dst));
       }
-      ClusterSync();  // every rank's slice has arrived
+      MbarrierWaitCluster(exchange, (r0 / d.rt) & 1);  // every other rank's slice has arrived
     }
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase3);  // hidden values exchanged
 

@@ -172,6 +172,62 @@ __device__ __forceinline__ void MbarrierWait(unsigned long long* bar, unsigned p
 #endif
 }
 
+// ---- Pushes into a peer CTA's shared memory that complete on the peer's mbarrier (sm_90): no cluster
+// barrier, so no GPU-scope MEMBAR waiting for this thread's other stores. The receiver's thread 0
+// declares the bytes of a phase (MbarrierExpectBytesCluster), every receiving thread waits for the
+// phase (MbarrierWaitCluster); the senders' st.async count their bytes on it.
+
+// The shared::cluster address of this CTA's shared-memory address `local` (SharedAddress) in rank `rank`.
+__device__ __forceinline__ unsigned PeerSharedAddress(unsigned local, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+#else
+  __trap();
+  return local;
+#endif
+}
+
+// 16 bytes to `remote` (PeerSharedAddress, 16-byte aligned), counted on the mbarrier at `remote_bar`.
+__device__ __forceinline__ void StoreAsyncToPeer(unsigned remote, const uint4& v, unsigned remote_bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   remote),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+// One arrival on this CTA's barrier that expects `bytes` more (relaxed: it publishes no data of its own).
+__device__ __forceinline__ void MbarrierExpectBytesCluster(unsigned long long* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(bar)),
+               "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Blocks until phase `parity` of bar completed; the peers' pushes counted on it are then visible.
+__device__ __forceinline__ void MbarrierWaitCluster(unsigned long long* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned done = 0;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(SharedAddress(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#else
+  __trap();
+#endif
+}
+
 // Nanoseconds of the GPU's global timer (coarse ticks; for the timeline probe only).
 __device__ __forceinline__ unsigned long long GlobalTimer() {
   unsigned long long t;
