@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
         StoreAsyncToPeer(PeerSharedAddress(SharedAddress(a_tile + off), dst), *reinterpret_cast<const uint4*>(a_tile + off),
                          PeerSharedAddress(SharedAddress(exchange), dst));
       }
-      MbarrierWaitCluster(exchange, (r0 / d.rt) & 1);  // every other rank's slice has arrived
+      MbarrierWait<true>(exchange, (r0 / d.rt) & 1);  // every other rank's slice has arrived
     }
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase3);  // hidden values exchanged
 

@@ -156,16 +156,26 @@ __device__ __forceinline__ void BulkCopy(void* smem, const void* gmem, unsigned 
 #endif
 }
 
-// Blocks until phase `parity` of bar completed (every expected byte arrived).
+// Blocks until phase `parity` of bar completed (every expected byte arrived). kClusterScope: acquire at
+// cluster scope, so that what peers pushed with st.async counted on bar is visible after it.
+template <bool kClusterScope = false>
 __device__ __forceinline__ void MbarrierWait(unsigned long long* bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   unsigned done = 0;
   do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(SharedAddress(bar)), "r"(parity)
-        : "memory");
+    if constexpr (kClusterScope) {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(SharedAddress(bar)), "r"(parity)
+          : "memory");
+    } else {
+      asm volatile(
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+          : "=r"(done)
+          : "r"(SharedAddress(bar)), "r"(parity)
+          : "memory");
+    }
   } while (!done);
 #else
   __trap();
@@ -175,7 +185,7 @@ __device__ __forceinline__ void MbarrierWait(unsigned long long* bar, unsigned p
 // ---- Pushes into a peer CTA's shared memory that complete on the peer's mbarrier (sm_90): no cluster
 // barrier, so no GPU-scope MEMBAR waiting for this thread's other stores. The receiver's thread 0
 // declares the bytes of a phase (MbarrierExpectBytesCluster), every receiving thread waits for the
-// phase (MbarrierWaitCluster); the senders' st.async count their bytes on it.
+// phase (MbarrierWait<true>); the senders' st.async count their bytes on it.
 
 // The shared::cluster address of this CTA's shared-memory address `local` (SharedAddress) in rank `rank`.
 __device__ __forceinline__ unsigned PeerSharedAddress(unsigned local, int rank) {
@@ -207,22 +217,6 @@ __device__ __forceinline__ void MbarrierExpectBytesCluster(unsigned long long* b
   asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(bar)),
                "r"(bytes)
                : "memory");
-#else
-  __trap();
-#endif
-}
-
-// Blocks until phase `parity` of bar completed; the peers' pushes counted on it are then visible.
-__device__ __forceinline__ void MbarrierWaitCluster(unsigned long long* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(SharedAddress(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
 #else
   __trap();
 #endif
