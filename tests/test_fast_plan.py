@@ -110,6 +110,7 @@ def test_zero_rows_plan_needs_no_scratch(plan):
     ({"aligned": 0}, "a tensor is not 16-byte aligned"),
     ({"smem": 48 * 1024}, "it needs 54656 bytes of shared memory per block; the device allows 49152"),
     ({"smem": 48 * 1024, "rows": 16}, "it needs 82256 bytes of shared memory per block; the device allows 49152"),
+    ({"H": 0}, "C=4 H=0 R=320: the fast path needs positive C, H and R"),  # validation refuses it first
     ({"C": 3}, "C=3 H=2560 R=320: the fast path needs C a multiple of 4, at most 8"),
     ({"C": 12}, "C=12 H=2560 R=320: the fast path needs C a multiple of 4, at most 8"),
     ({"R": 12}, "C=4 H=2560 R=12: the fast path needs R a multiple of 8, at most 1024"),

@@ -14,9 +14,6 @@ namespace {
 int64_t PaddedStride(int64_t n) { return (n / 8) % 2 == 1 ? n : n + 8; }
 int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
-int RowsPerPass(const HcLowRankMixParams& p) {
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(p.rows, 1), kHcFastRowTile));
-}
 
 int64_t ClusterSize(int sm_major, int64_t requested) {
   if (!HcFastUsesSm90Features(sm_major)) return 1;
@@ -60,32 +57,50 @@ int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster) {
 // C <= 8 (8-byte inject rows, one mma tile), R % 8 == 0 and R <= 1024 (16-byte down rows), H % 32 == 0
 // (8 sum-of-squares parts of whole 4-element vectors), and a tiling of both stages (above).
 std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster) {
-  const std::string shape =
-      "C=" + std::to_string(p.C) + " H=" + std::to_string(p.H) + " R=" + std::to_string(p.R) + ": ";
-  if (p.C % 4 != 0 || p.C > 8) return shape + "the fast path needs C a multiple of 4, at most 8";
-  if (p.R % 8 != 0 || p.R > 1024) return shape + "the fast path needs R a multiple of 8, at most 1024";
-  if (p.H % (4 * kHcFastSsParts) != 0) return shape + "the fast path needs H a multiple of 32";
-  const std::string clusters = " with clusters of " + std::to_string(cluster);
+  const auto refuse = [&](const std::string& why) {
+    return "C=" + std::to_string(p.C) + " H=" + std::to_string(p.H) + " R=" + std::to_string(p.R) + ": " + why;
+  };
+  const auto tile = [&] {  // strings only for a refusal: the accepted call allocates nothing here
+    return std::to_string(kHcFastMaxTileBytes) + " bytes) with clusters of " + std::to_string(cluster);
+  };
+  if (p.C <= 0 || p.H <= 0 || p.R <= 0) return refuse("the fast path needs positive C, H and R");
+  if (p.C % 4 != 0 || p.C > 8) return refuse("the fast path needs C a multiple of 4, at most 8");
+  if (p.R % 8 != 0 || p.R > 1024) return refuse("the fast path needs R a multiple of 8, at most 1024");
+  if (p.H % (4 * kHcFastSsParts) != 0) return refuse("the fast path needs H a multiple of 32");
   if (Stage1CtasPerBranch(p, cluster) == 0) {
-    return shape + "no stage 1 tiling (K slices of a multiple of 16 features, a weight tile of at most " +
-           std::to_string(kHcFastMaxTileBytes) + " bytes)" + clusters;
+    return refuse("no stage 1 tiling (K slices of a multiple of 16 features, a weight tile of at most " + tile());
   }
   if (Stage2Ctas(p, cluster) == 0) {
-    return shape + "no stage 2 tiling (4 or 8 features per CTA, a weight tile of at most " +
-           std::to_string(kHcFastMaxTileBytes) + " bytes)" + clusters;
+    return refuse("no stage 2 tiling (4 or 8 features per CTA, a weight tile of at most " + tile());
   }
-  return "";
+  return {};
 }
 
-HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& tuning) {
-  const int parts = static_cast<int>(kHcFastSsParts);
-  HcFastClusterDims d{};
+// The fields both designs' arguments take from the call as they are: shapes, attributes, the probe.
+template <typename Dims>
+Dims CallDims(const HcLowRankMixParams& p, const HcFastTuning& tuning) {
+  Dims d{};
   d.rows = static_cast<int>(p.rows);
   d.C = static_cast<int>(p.C);
   d.H = static_cast<int>(p.H);
   d.R = static_cast<int>(p.R);
   d.K = d.C * d.H;
   d.np = d.R + d.C;
+  d.rt = static_cast<int>(std::min<int64_t>(std::max<int64_t>(p.rows, 1), kHcFastRowTile));  // rows per pass
+  d.has_prologue = p.has_prologue;
+  d.epsilon = p.epsilon;
+  d.reduction_scale = p.reduction_scale;
+  d.silu_alpha = p.silu_alpha;
+  d.gate_div = p.gate_div;
+  d.gate_mul = p.gate_mul;
+  d.timeline = tuning.timeline;
+  d.slot = tuning.timeline_slot;
+  return d;
+}
+
+HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& tuning) {
+  const int parts = static_cast<int>(kHcFastSsParts);
+  HcFastClusterDims d = CallDims<HcFastClusterDims>(p, tuning);
   d.cpb = static_cast<int>(Stage1CtasPerBranch(p, cluster));
   d.ks = d.H / d.cpb;
   d.ldb1 = static_cast<int>(PaddedStride(p.R + 8));
@@ -100,19 +115,10 @@ HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const Hc
   d.rp = static_cast<int>(RoundUp(p.R, 16));
   d.lda2 = static_cast<int>(PaddedStride(d.rp));
   d.per2 = static_cast<int>(RoundUp((p.R + cluster - 1) / cluster, 8));
-  d.rt = RowsPerPass(p);
   d.ss_local = cluster == 1 || parts % cluster != 0 || d.cpb % cluster != 0 || p.rows <= tuning.ss_local_max_rows;
   d.ss_parts = d.ss_local ? parts : parts / cluster;
   d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
-  d.has_prologue = p.has_prologue;
   d.batch = tuning.batched_stage1;
-  d.epsilon = p.epsilon;
-  d.reduction_scale = p.reduction_scale;
-  d.silu_alpha = p.silu_alpha;
-  d.gate_div = p.gate_div;
-  d.gate_mul = p.gate_mul;
-  d.timeline = tuning.timeline;
-  d.slot = tuning.timeline_slot;
   return d;
 }
 
@@ -139,14 +145,7 @@ PlainStage2Tiling PlainStage2(const HcLowRankMixParams& p) {
 
 HcFastPlainDims PlainDims(const HcLowRankMixParams& p, const HcFastTuning& tuning) {
   const int ranks = static_cast<int>(kHcFastPlainRanks);
-  HcFastPlainDims d{};
-  d.rows = static_cast<int>(p.rows);
-  d.C = static_cast<int>(p.C);
-  d.H = static_cast<int>(p.H);
-  d.R = static_cast<int>(p.R);
-  d.K = d.C * d.H;
-  d.np = d.R + d.C;
-  d.rt = RowsPerPass(p);
+  HcFastPlainDims d = CallDims<HcFastPlainDims>(p, tuning);
   const int cpb = static_cast<int>(Stage1CtasPerBranch(p, kHcFastPlainRanks));
   d.kso = cpb > 0 ? d.H / cpb : 0;
   d.slice = ranks * d.kso;
@@ -164,23 +163,16 @@ HcFastPlainDims PlainDims(const HcLowRankMixParams& p, const HcFastTuning& tunin
   d.ldw2 = static_cast<int>(PaddedStride(t.window));
   d.rp = static_cast<int>(RoundUp(p.R, 16));
   d.lda2 = static_cast<int>(PaddedStride(d.rp));
-  d.has_prologue = p.has_prologue;
   d.bulk = tuning.bulk_copies;
-  d.epsilon = p.epsilon;
-  d.reduction_scale = p.reduction_scale;
-  d.silu_alpha = p.silu_alpha;
-  d.gate_div = p.gate_div;
-  d.gate_mul = p.gate_mul;
-  d.timeline = tuning.timeline;
-  d.slot = tuning.timeline_slot;
   return d;
 }
 
-// The plain design can run this call (the cluster design's shape checks passed): sm_90 with the
-// default cluster size, the cluster design's groups of 8 stage 1 CTAs inside one branch (at most 16
+// The plain design runs this call: asked for (kPlain), or kAuto up to kHcFastPlainMaxRows rows, and it
+// can (the cluster design's shape checks passed): sm_90 with the default cluster size, the cluster design's groups of 8 stage 1 CTAs inside one branch (at most 16
 // groups: stage 2 adds them as four float4), a stage 2 tiling, and both tiles fit.
 bool PlainRuns(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tuning) {
   if (tuning.design == HcFastDesign::kCluster) return false;
+  if (tuning.design != HcFastDesign::kPlain && p.rows > kHcFastPlainMaxRows) return false;
   if (!HcFastUsesSm90Features(sm_major) || ClusterSize(sm_major, tuning.cluster) != kHcFastPlainRanks) return false;
   const int64_t cpb = Stage1CtasPerBranch(p, kHcFastPlainRanks);
   if (cpb <= 0 || cpb % kHcFastPlainRanks != 0 || cpb * p.C / kHcFastPlainRanks > 16) return false;
@@ -189,7 +181,7 @@ bool PlainRuns(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tu
       int64_t{2} * d.C * d.rp * d.ldw2 > kHcFastPlainMaxTileBytes) {
     return false;
   }
-  return tuning.design == HcFastDesign::kPlain || p.rows <= kHcFastPlainMaxRows;
+  return true;
 }
 
 }  // namespace

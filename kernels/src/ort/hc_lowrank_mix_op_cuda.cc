@@ -196,7 +196,7 @@ class CudaProvider {
   Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& t) {
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(ctx).GetGPUComputeStream());
 
-    // The fast path when its plan says it can run the call; `why` says what decided, for
+    // One plan per call: the fast path when it is ok, else the general path; its reason goes to
     // HCFUSE_DEBUG and the forced-path error.
     HcFastPlan plan = forced_ == PathChoice::kGeneral ? HcFastPlanRefused("HCFUSE_FORCE_PATH=general") : PlanFast(params, t);
     const bool fast = plan.ok();
