@@ -421,7 +421,8 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
 }
 
 // ------------------------------------------------------------------------------------------------
-// Host side: launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
+// Host side.
+// Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
 template <typename T, int CL>
 cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& plan, void* scratch,

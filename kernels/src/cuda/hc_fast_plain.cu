@@ -424,7 +424,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) HcFastPlainStage2Kernel(
 }
 
 // ------------------------------------------------------------------------------------------------
-// Host side: launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
+// Host side.
+// Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
 template <typename Kernel>
 int CtasPerSm(Kernel kernel, size_t smem) {
