@@ -168,8 +168,9 @@ HcFastPlainDims PlainDims(const HcLowRankMixParams& p, const HcFastTuning& tunin
 }
 
 // The plain design runs this call: asked for (kPlain), or kAuto up to kHcFastPlainMaxRows rows, and it
-// can (the cluster design's shape checks passed): sm_90 with the default cluster size, the cluster design's groups of 8 stage 1 CTAs inside one branch (at most 16
-// groups: stage 2 adds them as four float4), a stage 2 tiling, and both tiles fit.
+// can (the cluster design's shape checks passed): sm_90 with the default cluster size, the cluster
+// design's groups of 8 stage 1 CTAs inside one branch (at most 16 groups: stage 2 adds them as four
+// float4), a stage 2 tiling, and both tiles fit.
 bool PlainRuns(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tuning) {
   if (tuning.design == HcFastDesign::kCluster) return false;
   if (tuning.design != HcFastDesign::kPlain && p.rows > kHcFastPlainMaxRows) return false;
@@ -177,11 +178,8 @@ bool PlainRuns(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tu
   const int64_t cpb = Stage1CtasPerBranch(p, kHcFastPlainRanks);
   if (cpb <= 0 || cpb % kHcFastPlainRanks != 0 || cpb * p.C / kHcFastPlainRanks > 16) return false;
   const HcFastPlainDims d = PlainDims(p, tuning);
-  if (d.ctas2 == 0 || int64_t{2} * d.slice * d.ldw1 > kHcFastPlainMaxTileBytes ||
-      int64_t{2} * d.C * d.rp * d.ldw2 > kHcFastPlainMaxTileBytes) {
-    return false;
-  }
-  return true;
+  return d.ctas2 > 0 && int64_t{2} * d.slice * d.ldw1 <= kHcFastPlainMaxTileBytes &&
+         int64_t{2} * d.C * d.rp * d.ldw2 <= kHcFastPlainMaxTileBytes;
 }
 
 }  // namespace
@@ -190,8 +188,8 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
                          const HcFastRequest& request) {
   if (request.element_bytes != 2) return HcFastPlanRefused("the fast path runs float16 and bfloat16 only");
   if (caps.sm_major < 8) {
-    return HcFastPlanRefused("compute capability " + std::to_string(caps.sm_major) + "." + std::to_string(caps.sm_minor) +
-                     " is below 8.0");
+    return HcFastPlanRefused("compute capability " + std::to_string(caps.sm_major) + "." +
+                             std::to_string(caps.sm_minor) + " is below 8.0");
   }
   const int64_t cluster = ClusterSize(caps.sm_major, tuning.cluster);
   if (std::string why = ShapeReason(params, cluster); !why.empty()) return HcFastPlanRefused(std::move(why));
@@ -224,8 +222,8 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
 
   if (plan.shared_memory_bytes() > static_cast<size_t>(std::max<int64_t>(caps.max_shared_memory_per_block, 0))) {
     return HcFastPlanRefused("it needs " + std::to_string(plan.shared_memory_bytes()) +
-                     " bytes of shared memory per block; the device allows " +
-                     std::to_string(caps.max_shared_memory_per_block));
+                             " bytes of shared memory per block; the device allows " +
+                             std::to_string(caps.max_shared_memory_per_block));
   }
   if (!request.forced && params.rows > kHcFastMaxAutoRows) {
     return HcFastPlanRefused("more than " + std::to_string(kHcFastMaxAutoRows) + " rows");

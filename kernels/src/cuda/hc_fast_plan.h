@@ -211,9 +211,9 @@ inline HcFastPlan HcFastPlanRefused(std::string reason) {
 
 // The fast path's plan for this call on this device with this tuning. The reasons, first that
 // applies: not a 2-byte type; compute capability below 8.0; a shape the kernels do not tile (C, H or
-// R not positive, C % 4, C > 8, R % 8, R > 1024, H % 32, no stage 1 or stage 2 tiling); a pointer not 16-byte aligned; more
-// shared memory per block than the device allows; more than kHcFastMaxAutoRows rows (unless forced);
-// more than kHcFastMaxRows rows.
+// R not positive, C % 4, C > 8, R % 8, R > 1024, H % 32, no stage 1 or stage 2 tiling); a pointer
+// not 16-byte aligned; more shared memory per block than the device allows; more than
+// kHcFastMaxAutoRows rows (unless forced); more than kHcFastMaxRows rows.
 HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& caps, const HcFastTuning& tuning,
                          const HcFastRequest& request);
 

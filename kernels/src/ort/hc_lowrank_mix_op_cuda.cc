@@ -198,7 +198,8 @@ class CudaProvider {
 
     // One plan per call: the fast path when it is ok, else the general path; its reason goes to
     // HCFUSE_DEBUG and the forced-path error.
-    HcFastPlan plan = forced_ == PathChoice::kGeneral ? HcFastPlanRefused("HCFUSE_FORCE_PATH=general") : PlanFast(params, t);
+    const HcFastPlan plan =
+        forced_ == PathChoice::kGeneral ? HcFastPlanRefused("HCFUSE_FORCE_PATH=general") : PlanFast(params, t);
     const bool fast = plan.ok();
     if (forced_ == PathChoice::kFast && !fast) {
       return Ort::Status((std::string(kOpName) + " (CUDA): HCFUSE_FORCE_PATH=fast, but the fast path cannot run this "
