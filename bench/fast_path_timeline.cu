@@ -66,6 +66,29 @@ struct Chain {
   size_t scratch_bytes = 0;
 };
 
+// The library's plan for one block on an sm_90 device (forced: any row count), PDL as the config says.
+hcfuse::HcFastPlan Plan(const hcfuse::HcLowRankMixParams& p, const hcfuse::HcFastTuning& tuning, bool pdl) {
+  hcfuse::HcDeviceCaps caps;
+  caps.sm_major = 9;
+  caps.max_shared_memory_per_block = 227 * 1024;
+  hcfuse::HcFastRequest request;
+  request.forced = true;
+  hcfuse::HcFastPlan plan = hcfuse::HcFastPlanFor(p, caps, tuning, request);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "no fast-path plan: %s\n", plan.reason.c_str());
+    std::exit(1);
+  }
+  plan.use_pdl = pdl;
+  return plan;
+}
+
+void CheckLaunch(const hcfuse::cuda::HcLaunchStatus& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "LaunchHcFast: %s: %s\n", s.step, cudaGetErrorString(s.cuda));
+    std::exit(1);
+  }
+}
+
 hcfuse::HcLowRankMixParams Params(int rows, bool prologue) {
   hcfuse::HcLowRankMixParams p;
   p.rows = rows;
@@ -112,7 +135,8 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.batched_stage1 = batch == nullptr || std::strcmp(batch, "0") != 0;
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
-    CK(hcfuse::LaunchHcFast<T>(a, Params(c.rows, b > 0), c.scratch, c.scratch_bytes, stream, true, cfg.pdl, 9, tuning));
+    const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
+    CheckLaunch(hcfuse::cuda::LaunchHcFast<T>(p, a, c.scratch, Plan(p, tuning, cfg.pdl), stream, true));
   }
 }
 
@@ -275,7 +299,11 @@ int main(int argc, char** argv) {
     c.gate.push_back(gate);
     c.streams.push_back(st);
   }
-  c.scratch_bytes = hcfuse::HcFastScratchBytes(Params(max_rows, true));
+  for (const HcFastDesign design : {HcFastDesign::kCluster, HcFastDesign::kPlain}) {  // scratch for either design
+    hcfuse::HcFastTuning tuning;
+    tuning.design = design;
+    c.scratch_bytes = std::max(c.scratch_bytes, Plan(Params(max_rows, true), tuning, true).scratch.total);
+  }
   CK(cudaMalloc(&c.scratch, c.scratch_bytes));
   unsigned long long* timeline = nullptr;
   const size_t records = static_cast<size_t>(2 * short_n) * kCtas * kFields;

@@ -3,7 +3,7 @@
 Every test that runs the op is parametrized over path: "general" (norm kernel + cuBLASLt GEMMs +
 elementwise kernels, any shape and type) and "fast" (the fused decode kernels). The path is pinned
 with HCFUSE_FORCE_PATH when the session is created. A call the fast path does not support (float32,
-shapes outside hc_fast_path_eligibility.h) is skipped on "fast" - except the real shape in float16
+shapes HcFastPlanFor refuses, kernels/src/cuda/hc_fast_plan.h) is skipped on "fast" - except the real shape in float16
 and bfloat16, which the fast path must run.
 
 Stated bounds against hcfuse.reference, in ulps of T measured at max(|expected|, |actual|, rms(expected))

@@ -10,7 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/hc_common.cuh"
-#include "cuda/hc_fast_path_eligibility.h"
+#include "cuda/hc_fast_plan.h"
 #include "cuda/hc_ptx.cuh"
 
 namespace hcfuse {
@@ -193,8 +193,6 @@ __device__ __forceinline__ void PreMix(const T* hn_s, const float* g_s, int nr, 
 }
 
 // ---- Host side of both designs.
-inline size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
-
 // One kernel launch with its cluster size (1: none) and programmatic stream serialization.
 template <typename Kernel, typename... Args>
 cudaError_t Launch(Kernel kernel, int grid, int threads, size_t smem, int cluster, bool use_pdl, cudaStream_t stream,

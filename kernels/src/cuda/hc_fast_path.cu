@@ -23,7 +23,7 @@
 
 #include "cuda/hc_common.cuh"
 #include "cuda/hc_fast_device.cuh"
-#include "cuda/hc_fast_path_eligibility.h"
+#include "cuda/hc_fast_plan.h"
 #include "cuda/hc_fast_plain.h"
 
 namespace hcfuse {
@@ -31,56 +31,14 @@ namespace {
 
 using namespace fast;  // NOLINT: the device building blocks of both designs
 
-constexpr int kRowTile = 16;  // rows per pass: the M of mma.m16n8k16
 constexpr int kStage1Threads = 384;
 constexpr int kStage2Threads = 320;
 static_assert(kParts % 8 == 0, "whole sum-of-squares parts per rank of a 4- or 8-CTA cluster");
 
-// Run-time tiling shared by both kernels (derived on the host from HcLowRankMixParams).
-struct FastDims {
-  int rows, C, H, R, K;
-  int rt;             // rows per pass: min(rows, 16) (the mma's M is 16; missing rows read a zero row)
-  int np;             // R + C: columns of a partial row
-  int ks, ldb1, lda1;  // stage 1: K slice, weight tile and A tile strides (elements)
-  int cpb;            // stage 1: CTAs per branch
-  int per1;           // stage 1: partial columns each cluster rank reduces
-  int groups, g4;     // partial sets stage 2 adds (stage 1 CTAs / cluster), padded to 4
-  int hs, n2, ldu;    // stage 2: features per CTA, C * hs columns, weight tile stride
-  int piece;          // stage 2: elements per copy (8: 16-byte copies, 4: 8-byte copies)
-  int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
-  int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
-  bool ss_local, hidden_local, has_prologue, batch;
-  float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
-  unsigned long long* timeline;  // the timeline probe's records (HCFUSE_FAST_TIMELINE builds)
-  int slot;
-};
-
-
-// ---- Shared-memory layouts (bytes), the same on host and device.
-struct Stage1Layout {
-  size_t tile, a, scale, s_slice, part_sum, red, total;
-  __host__ __device__ explicit Stage1Layout(const FastDims& d, int cluster) {
-    tile = 0;                                                       // T [ks][ldb1]
-    a = tile + size_t{2} * d.ks * d.ldb1;                           // T [rt + 1][lda1] (last row zero)
-    scale = a + size_t{2} * (d.rt + 1) * d.lda1;                    // T [ks]
-    s_slice = scale + (size_t{2} * d.ks + 15) / 16 * 16;            // f32 [rt][ks]
-    part_sum = s_slice + size_t{4} * d.rt * d.ks;                   // f32 [parts][rt]
-    red = part_sum + size_t{4} * kParts * d.rt;                     // f32 [cluster][rt][per1]
-    total = red + size_t{4} * cluster * d.rt * d.per1;
-  }
-};
-
-struct Stage2Layout {
-  size_t tile, a, hn, g, bar, total;
-  __host__ __device__ explicit Stage2Layout(const FastDims& d) {
-    tile = 0;                                         // T [rp][ldu]
-    a = tile + size_t{2} * d.rp * d.ldu;              // T [rt + 1][lda2] (last row zero)
-    hn = a + size_t{2} * (d.rt + 1) * d.lda2;         // T [rt][n2]
-    g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]
-    bar = (g + size_t{4} * d.rt * d.n2 + 7) / 8 * 8;   // u64: the hidden exchange's mbarrier
-    total = bar + 8;
-  }
-};
+// The kernels' arguments and shared-memory layouts: the plan's (hc_fast_plan.h, filled on the host).
+using FastDims = HcFastClusterDims;
+using Stage1Layout = HcFastStage1Layout;
+using Stage2Layout = HcFastStage2Layout;
 
 // ------------------------------------------------------------------------------------------------
 // Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue. BATCH
@@ -473,61 +431,23 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
 
 // ------------------------------------------------------------------------------------------------
 // Host side.
-
-FastDims MakeDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& tuning) {
-  FastDims d{};
-  d.rows = static_cast<int>(p.rows);
-  d.C = static_cast<int>(p.C);
-  d.H = static_cast<int>(p.H);
-  d.R = static_cast<int>(p.R);
-  d.K = d.C * d.H;
-  d.np = d.R + d.C;
-  d.cpb = static_cast<int>(HcFastStage1CtasPerBranch(p, cluster));
-  d.ks = d.cpb > 0 ? d.H / d.cpb : 0;
-  d.ldb1 = static_cast<int>(HcFastPaddedStride(p.R + 8));
-  d.lda1 = static_cast<int>(HcFastPaddedStride(d.ks));
-  // partial columns per cluster rank: whole 8-column mma tiles (stage 1 stores a tile to one rank)
-  d.per1 = static_cast<int>(HcFastRoundUp((d.np + 7) / 8, cluster) / cluster * 8);
-  d.groups = d.cpb * d.C / cluster;
-  d.g4 = static_cast<int>(HcFastRoundUp(d.groups, 4));
-  const int ctas2 = static_cast<int>(HcFastStage2Ctas(p, cluster));
-  d.hs = ctas2 > 0 ? d.H / ctas2 : 0;
-  d.n2 = d.C * d.hs;
-  d.ldu = static_cast<int>(HcFastPaddedStride(d.n2));
-  d.piece = d.hs % 8 == 0 ? 8 : 4;
-  d.rp = static_cast<int>(HcFastRoundUp(p.R, 16));
-  d.lda2 = static_cast<int>(HcFastPaddedStride(d.rp));
-  d.per2 = static_cast<int>(HcFastRoundUp((p.R + cluster - 1) / cluster, 8));
-  d.rt = static_cast<int>(std::min<int64_t>(std::max<int64_t>(p.rows, 1), kRowTile));
-  d.ss_local = cluster == 1 || kParts % cluster != 0 || d.cpb % cluster != 0 || p.rows <= tuning.ss_local_max_rows;
-  d.ss_parts = d.ss_local ? kParts : kParts / cluster;
-  d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
-  d.has_prologue = p.has_prologue;
-  d.batch = tuning.batched_stage1;
-  d.epsilon = p.epsilon;
-  d.reduction_scale = p.reduction_scale;
-  d.silu_alpha = p.silu_alpha;
-  d.gate_div = p.gate_div;
-  d.gate_mul = p.gate_mul;
-  d.timeline = tuning.timeline;
-  d.slot = tuning.timeline_slot;
-  return d;
-}
-
-size_t PartialBytes(const HcLowRankMixParams& p, const FastDims& d) {
-  return Align256(static_cast<size_t>(p.rows) * d.np * d.g4 * sizeof(float));
-}
+// Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
 template <typename T, int CL>
-cudaError_t LaunchStages(const HcFastArgs<T>& args, const FastDims& d, float* partials, T* hn, cudaStream_t stream,
-                         bool weights_are_constant, bool use_pdl) {
+cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& plan, void* scratch,
+                                  cudaStream_t stream, bool weights_are_constant) {
+  const FastDims& d = plan.cluster_dims;
+  float* partials = static_cast<float*>(scratch);
+  T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
   const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true> : HcFastStage1BatchedKernel<T, CL, false>)
                               : (d.has_prologue ? HcFastStage1Kernel<T, CL, true> : HcFastStage1Kernel<T, CL, false>);
-  cudaError_t err = Launch(stage1, d.cpb * d.C, kStage1Threads, Stage1Layout(d, CL).total, CL, use_pdl, stream, args,
-                           d, partials, hn, weights_are_constant);
-  if (err != cudaSuccess) return err;
-  return Launch(HcFastStage2Kernel<T, CL>, d.H / d.hs, kStage2Threads, Stage2Layout(d).total, CL, use_pdl, stream,
-                args, d, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
+  cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
+                           stream, args, d, partials, hn, weights_are_constant);
+  if (err != cudaSuccess) return {"stage 1 kernel", err};
+  err = Launch(HcFastStage2Kernel<T, CL>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL, plan.use_pdl,
+               stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
+  if (err != cudaSuccess) return {"stage 2 kernel", err};
+  return {};
 }
 
 // How many clusters (or CTAs without clusters) of `kernel` the device holds at once, alone.
@@ -553,93 +473,71 @@ int MaxActive(Kernel kernel, int threads, size_t smem, int cluster) {
 }
 
 template <typename T, int CL>
-std::string Summary(const FastDims& d) {
-  const size_t smem1 = Stage1Layout(d, CL).total, smem2 = Stage2Layout(d).total;
+std::string Summary(const HcFastPlan& plan) {
+  const FastDims& d = plan.cluster_dims;
+  const size_t smem1 = plan.stage1_shared_bytes, smem2 = plan.stage2_shared_bytes;
   const char* fit = CL > 1 ? "clusters fit at once" : "CTAs fit per SM";
-  return "stage 1: " + std::to_string(d.cpb * d.C) + " CTAs x " + std::to_string(kStage1Threads) + " threads, " +
+  return "stage 1: " + std::to_string(plan.stage1_ctas) + " CTAs x " + std::to_string(kStage1Threads) + " threads, " +
          std::to_string(smem1) + " B shared, clusters of " + std::to_string(CL) + " (" +
          std::to_string(MaxActive(HcFastStage1Kernel<T, CL, true>, kStage1Threads, smem1, CL)) + " " + fit +
-         "); stage 2: " + std::to_string(d.H / d.hs) + " CTAs x " + std::to_string(kStage2Threads) + " threads, " +
-         std::to_string(smem2) + " B shared (" +
+         "); stage 2: " + std::to_string(plan.stage2_ctas) + " CTAs x " + std::to_string(kStage2Threads) +
+         " threads, " + std::to_string(smem2) + " B shared (" +
          std::to_string(MaxActive(HcFastStage2Kernel<T, CL>, kStage2Threads, smem2, CL)) + " " + fit +
          "); rows per pass " + std::to_string(d.rt) + ", sums of squares " + (d.ss_local ? "local" : "shared") +
-         ", hidden " + (d.hidden_local ? "local" : "shared") +
-         (d.batch ? ", stage 1 batched" : "");
+         ", hidden " + (d.hidden_local ? "local" : "shared") + (d.batch ? ", stage 1 batched" : "");
 }
 
-// The fast path runs this call with this cluster size (HCFUSE_FAST_CLUSTER may ask for another size
-// than the one IsHcFastPathSupported tiles with).
-bool Runnable(const HcLowRankMixParams& p, int sm_major, int cluster) {
-  return IsHcFastPathSupported(p, sm_major, 0, 2) && HcFastStage1CtasPerBranch(p, cluster) > 0 &&
-         HcFastStage2Ctas(p, cluster) > 0;
+// The plan was made for these params (the kernels read the shapes from the plan, the tensors' sizes
+// follow the params).
+bool PlannedFor(const HcFastPlan& plan, const HcLowRankMixParams& p) {
+  const auto same = [&](int rows, int C, int H, int R, bool prologue) {
+    return rows == p.rows && C == p.C && H == p.H && R == p.R && prologue == p.has_prologue;
+  };
+  const HcFastClusterDims& c = plan.cluster_dims;
+  const HcFastPlainDims& q = plan.plain_dims;
+  return plan.design == HcFastDesign::kPlain ? same(q.rows, q.C, q.H, q.R, q.has_prologue)
+                                             : same(c.rows, c.C, c.H, c.R, c.has_prologue);
 }
 
 }  // namespace
 
+namespace cuda {
+
 template <typename T>
-std::string HcFastLaunchSummary(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning) {
-  const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
-  if (!Runnable(params, sm_major, cluster)) return "not supported";
-  if (HcFastRunsPlain(params, sm_major, tuning)) return HcFastPlainSummary(params);
-  const FastDims d = MakeDims(params, cluster, tuning);
-  switch (cluster) {
-    case 8: return Summary<T, 8>(d);
-    case 4: return Summary<T, 4>(d);
-    default: return Summary<T, 1>(d);
+std::string HcFastLaunchSummary(const HcFastPlan& plan) {
+  if (!plan.ok()) return "not planned: " + plan.reason;
+  if (plan.design == HcFastDesign::kPlain) return HcFastPlainSummary(plan);
+  switch (plan.cluster) {
+    case 8: return Summary<T, 8>(plan);
+    case 4: return Summary<T, 4>(plan);
+    default: return Summary<T, 1>(plan);
   }
 }
 
-template std::string HcFastLaunchSummary<__half>(const HcLowRankMixParams&, int, const HcFastTuning&);
-template std::string HcFastLaunchSummary<__nv_bfloat16>(const HcLowRankMixParams&, int, const HcFastTuning&);
-
-size_t HcFastScratchBytes(const HcLowRankMixParams& params) {
-  if (params.rows == 0) return 0;
-  // without clusters every stage 1 CTA keeps its own partial: the most partials of any configuration
-  // (the plain design needs less for the shapes it runs; the max covers every design)
-  const FastDims d = MakeDims(params, 1, HcFastTuning{});
-  return std::max(PartialBytes(params, d) + Align256(static_cast<size_t>(params.rows) * params.width() * 2),
-                  HcFastPlainScratchBytes(params));
-}
-
-size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning) {
-  const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
-  if (!Runnable(params, sm_major, cluster)) return 0;
-  if (HcFastRunsPlain(params, sm_major, tuning)) return HcFastPlainSharedMemoryBytes(params);
-  const FastDims d = MakeDims(params, cluster, tuning);
-  return std::max(Stage1Layout(d, cluster).total, Stage2Layout(d).total);
-}
-
 template <typename T>
-cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& params, void* scratch,
-                         size_t scratch_bytes, cudaStream_t stream, bool weights_are_constant, bool use_pdl,
-                         int sm_major, const HcFastTuning& tuning) {
+HcLaunchStatus LaunchHcFast(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
+                            const HcFastPlan& plan, cudaStream_t stream, bool weights_are_constant) {
   static_assert(sizeof(T) == 2, "the fast path is for float16 and bfloat16");
-  if (params.rows == 0) return cudaSuccess;
-  const int cluster = static_cast<int>(HcFastClusterSize(sm_major, tuning.cluster));
-  if (!Runnable(params, sm_major, cluster) || params.rows > (int64_t{1} << 24) ||
-      scratch_bytes < HcFastScratchBytes(params) ||
-      !HcFastPointersAligned({args.streams, args.norm_scale, args.down_weight, args.up_weight, args.inject_weight,
-                              args.prev_block_output, args.prev_post_gate, args.pre_output, args.post_gate,
-                              args.streams_out, scratch})) {
-    return cudaErrorInvalidValue;
+  if (!plan.ok() || !PlannedFor(plan, params) || !HcFastTensorsAligned(tensors) || !HcFastPointersAligned({scratch})) {
+    return {"fast path plan", cudaErrorInvalidValue};
   }
-  use_pdl = use_pdl && HcFastUsesSm90Features(sm_major);
-  if (HcFastRunsPlain(params, sm_major, tuning)) {
-    return LaunchHcFastPlain<T>(args, params, scratch, stream, weights_are_constant, use_pdl, tuning);
+  if (params.rows == 0) return {};
+  if (plan.design == HcFastDesign::kPlain) {
+    return LaunchHcFastPlain<T>(tensors, scratch, plan, stream, weights_are_constant);
   }
-  const FastDims d = MakeDims(params, cluster, tuning);
-  float* partials = static_cast<float*>(scratch);
-  T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + PartialBytes(params, d));
-  switch (cluster) {
-    case 8: return LaunchStages<T, 8>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-    case 4: return LaunchStages<T, 4>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
-    default: return LaunchStages<T, 1>(args, d, partials, hn, stream, weights_are_constant, use_pdl);
+  switch (plan.cluster) {
+    case 8: return LaunchStages<T, 8>(tensors, plan, scratch, stream, weights_are_constant);
+    case 4: return LaunchStages<T, 4>(tensors, plan, scratch, stream, weights_are_constant);
+    default: return LaunchStages<T, 1>(tensors, plan, scratch, stream, weights_are_constant);
   }
 }
 
-template cudaError_t LaunchHcFast<__half>(const HcFastArgs<__half>&, const HcLowRankMixParams&, void*, size_t,
-                                          cudaStream_t, bool, bool, int, const HcFastTuning&);
-template cudaError_t LaunchHcFast<__nv_bfloat16>(const HcFastArgs<__nv_bfloat16>&, const HcLowRankMixParams&, void*,
-                                                 size_t, cudaStream_t, bool, bool, int, const HcFastTuning&);
+template HcLaunchStatus LaunchHcFast<__half>(const HcLowRankMixParams&, const HcDeviceTensors<__half>&, void*,
+                                             const HcFastPlan&, cudaStream_t, bool);
+template HcLaunchStatus LaunchHcFast<__nv_bfloat16>(const HcLowRankMixParams&, const HcDeviceTensors<__nv_bfloat16>&,
+                                                    void*, const HcFastPlan&, cudaStream_t, bool);
+template std::string HcFastLaunchSummary<__half>(const HcFastPlan&);
+template std::string HcFastLaunchSummary<__nv_bfloat16>(const HcFastPlan&);
 
+}  // namespace cuda
 }  // namespace hcfuse

@@ -3,18 +3,17 @@
 // products on tensor cores, fp32 partials reduced inside a thread-block cluster); stage 2 splits the
 // H features over ~128 CTAs (fixed-order partial reduction, ScaledSiLU, up product on tensor cores,
 // sigmoid, pre-mix, post_gate). Rows go through in tiles of 16 (the mma's M). A second design without
-// clusters (hc_fast_plain.cu, same bits) runs when HcFastTuning::design asks for it.
-// Shapes it supports: hc_fast_path_eligibility.h. Launcher declarations only; no ORT type here.
+// clusters (hc_fast_plain.cu, same bits) runs when the plan says so.
+// Which calls it runs, and how: HcFastPlanFor (hc_fast_plan.h). Launcher declarations only; no ORT type here.
 #pragma once
 
-#include <cstddef>
 #include <string>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "cuda/hc_fast_path_eligibility.h"
+#include "cuda/hc_fast_plan.h"
 #include "cuda/hc_lowrank_mix_cuda.h"
 #include "hcfuse/hc_params.h"
 
@@ -24,37 +23,39 @@ namespace hcfuse {
 template <typename T>
 using HcFastArgs = cuda::HcDeviceTensors<T>;
 
-// Bytes of device scratch one call needs (fp32 partials and the normalized rows); 0 for zero rows.
-// The glue allocates it through ORT's allocator and passes it to LaunchHcFast.
-size_t HcFastScratchBytes(const HcLowRankMixParams& params);
+namespace cuda {
 
-// Bytes of dynamic shared memory per block the larger of the two kernels takes for this call on a
-// device of compute capability sm_major (it grows with the rows of one pass, up to 16); 0 for a call
-// the fast path does not support. The glue compares it with the device's cudaDevAttrMaxSharedMemoryPerBlockOptin.
-size_t HcFastSharedMemoryBytes(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning);
+// Every tensor of the call is 16-byte aligned (what HcFastRequest::pointers_aligned says).
+template <typename T>
+bool HcFastTensorsAligned(const HcDeviceTensors<T>& t) {
+  return HcFastPointersAligned({t.streams, t.norm_scale, t.down_weight, t.up_weight, t.inject_weight,
+                                t.prev_block_output, t.prev_post_gate, t.pre_output, t.post_gate, t.streams_out});
+}
+
+// The fast path, in the general path's convention (LaunchHcGeneral: params, tensors, scratch, the
+// path's own state, stream, flag): enqueues the plan's two kernels on `stream` (no host
+// synchronization; CUDA-graph capturable). Never throws.
+// plan: HcFastPlanFor(params, ...) and ok(); scratch: plan.scratch.total bytes, 16-byte aligned.
+// weights_are_constant: norm_scale / down / up / inject are constant initializers, so the kernels may
+//   read them before waiting on the producer of the activations (only meaningful with plan.use_pdl).
+// A plan that is not ok, made for other params, or a misaligned scratch: cudaErrorInvalidValue at step
+// "fast path plan"; else the first CUDA error of the launches.
+template <typename T>
+HcLaunchStatus LaunchHcFast(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
+                            const HcFastPlan& plan, cudaStream_t stream, bool weights_are_constant);
 
 // One line for HCFUSE_DEBUG: grids, shared memory, how many clusters fit on the device at once
 // (queries the CUDA runtime; not for the hot path).
 template <typename T>
-std::string HcFastLaunchSummary(const HcLowRankMixParams& params, int sm_major, const HcFastTuning& tuning);
+std::string HcFastLaunchSummary(const HcFastPlan& plan);
 
-// Enqueues the two kernels on `stream` (no host synchronization; CUDA-graph capturable).
-// weights_are_constant: norm_scale / down / up / inject are constant initializers, so the kernels may
-//   read them before waiting on the producer of the activations (only meaningful with use_pdl).
-// use_pdl: launch with programmatic stream serialization (ignored unless HcFastUsesSm90Features).
-// sm_major: the compute capability of the current device (the caller reads it once, at kernel creation).
-// tuning: how the work is spread (hc_fast_path_eligibility.h); never changes a result.
-// Requires IsHcFastPathSupported(params, ...) and 16-byte aligned pointers (HcFastPointersAligned);
-// returns cudaErrorInvalidValue otherwise, or the first CUDA error of the launches.
-template <typename T>
-cudaError_t LaunchHcFast(const HcFastArgs<T>& args, const HcLowRankMixParams& params, void* scratch,
-                         size_t scratch_bytes, cudaStream_t stream, bool weights_are_constant, bool use_pdl,
-                         int sm_major, const HcFastTuning& tuning);
+extern template HcLaunchStatus LaunchHcFast<__half>(const HcLowRankMixParams&, const HcDeviceTensors<__half>&, void*,
+                                                    const HcFastPlan&, cudaStream_t, bool);
+extern template HcLaunchStatus LaunchHcFast<__nv_bfloat16>(const HcLowRankMixParams&,
+                                                           const HcDeviceTensors<__nv_bfloat16>&, void*,
+                                                           const HcFastPlan&, cudaStream_t, bool);
+extern template std::string HcFastLaunchSummary<__half>(const HcFastPlan&);
+extern template std::string HcFastLaunchSummary<__nv_bfloat16>(const HcFastPlan&);
 
-extern template cudaError_t LaunchHcFast<__half>(const HcFastArgs<__half>&, const HcLowRankMixParams&, void*,
-                                                 size_t, cudaStream_t, bool, bool, int, const HcFastTuning&);
-extern template cudaError_t LaunchHcFast<__nv_bfloat16>(const HcFastArgs<__nv_bfloat16>&,
-                                                        const HcLowRankMixParams&, void*, size_t, cudaStream_t,
-                                                        bool, bool, int, const HcFastTuning&);
-
+}  // namespace cuda
 }  // namespace hcfuse

@@ -32,51 +32,14 @@ using namespace fast;  // NOLINT: the device building blocks of both designs
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMinBlocks = 3;  // three CTAs (of any of the chain's kernels) per SM: <= 85 registers
-constexpr int kRowTile = 16;
 constexpr int kRowBatch = 2;   // stage 1: rows whose stream loads are in flight together (more spill)
 constexpr int kRanks = static_cast<int>(kHcFastPlainRanks);
 static_assert(kWarps == kRanks && kParts == kRanks, "warp w is cluster rank w and sums part w");
 
-struct PlainDims {
-  int rows, C, H, R, K, np;
-  int rt;              // rows per pass
-  int kso;             // features of one cluster rank's slice
-  int slice;           // kRanks * kso: features of one stage 1 CTA
-  int slices_per_branch;
-  int groups, g4;      // stage 1 groups (CTAs / kRanks), padded to 4 (down partial stride)
-  int tpn, ncols;      // down n-tiles per column slice, tpn * 8
-  int ldw1, lda1;      // stage 1 tile and A strides
-  int hs, ctas2, win, ldw2;  // stage 2: features per CTA, CTAs, window, window stride
-  int rp, lda2;        // R rounded to 16, stage 2 A stride
-  bool has_prologue, bulk;  // bulk: weight tiles by cp.async.bulk
-  float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
-  unsigned long long* timeline;
-  int slot;
-};
-
-struct Plain1Layout {
-  size_t tile, itile, scale, a, part_sum, red, total;
-  __host__ __device__ explicit Plain1Layout(const PlainDims& d) {
-    tile = 0;                                                  // T [slice][ldw1]
-    itile = tile + size_t{2} * d.slice * d.ldw1;               // T [kso][8]
-    scale = itile + size_t{2} * d.kso * 8;                     // T [slice]
-    a = scale + (size_t{2} * d.slice + 15) / 16 * 16;          // T [rt + 1][lda1] (S, then hn; last row zero)
-    part_sum = a + (size_t{2} * (d.rt + 1) * d.lda1 + 15) / 16 * 16;  // f32 [kParts][rt]
-    red = part_sum + size_t{4} * kParts * d.rt;                // f32 [warps][rt][ncols]
-    total = red + size_t{4} * kWarps * d.rt * d.ncols;
-  }
-};
-
-struct Plain2Layout {
-  size_t tile, a, hn, g, total;
-  __host__ __device__ explicit Plain2Layout(const PlainDims& d) {
-    tile = 0;                                                   // T [C][rp][ldw2]
-    a = tile + size_t{2} * d.C * d.rp * d.ldw2;                 // T [rt + 1][lda2] (last row zero)
-    hn = a + size_t{2} * (d.rt + 1) * d.lda2;                   // T [rt][C * hs]
-    g = hn + (size_t{2} * d.rt * d.C * d.hs + 15) / 16 * 16;    // f32 [rt][C * hs]
-    total = g + size_t{4} * d.rt * d.C * d.hs;
-  }
-};
+// The kernels' arguments and shared-memory layouts: the plan's (hc_fast_plan.h, filled on the host).
+using PlainDims = HcFastPlainDims;
+using Plain1Layout = HcFastPlain1Layout;
+using Plain2Layout = HcFastPlain2Layout;
 
 // The bulk copies' barrier, initialized before any copy is issued (one phase per kernel).
 __device__ __forceinline__ void InitTileBarrier(bool bulk, unsigned long long* bar) {
@@ -462,54 +425,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) HcFastPlainStage2Kernel(
 
 // ------------------------------------------------------------------------------------------------
 // Host side.
-
-PlainDims MakePlainDims(const HcLowRankMixParams& p, const HcFastTuning& tuning) {
-  PlainDims d{};
-  d.rows = static_cast<int>(p.rows);
-  d.C = static_cast<int>(p.C);
-  d.H = static_cast<int>(p.H);
-  d.R = static_cast<int>(p.R);
-  d.K = d.C * d.H;
-  d.np = d.R + d.C;
-  d.rt = static_cast<int>(std::min<int64_t>(std::max<int64_t>(p.rows, 1), kRowTile));
-  const int cpb = static_cast<int>(HcFastStage1CtasPerBranch(p, kHcFastPlainRanks));
-  d.kso = cpb > 0 ? d.H / cpb : 0;
-  d.slice = kRanks * d.kso;
-  d.slices_per_branch = cpb / kRanks;
-  d.groups = cpb * d.C / kRanks;
-  d.g4 = static_cast<int>(HcFastRoundUp(d.groups, 4));
-  d.tpn = static_cast<int>(HcFastPlainTilesPerSlice(p));
-  d.ncols = d.tpn * 8;
-  d.ldw1 = static_cast<int>(HcFastPaddedStride(d.ncols));
-  d.lda1 = static_cast<int>(HcFastPaddedStride(d.slice));
-  const HcFastPlainStage2Tiling t = HcFastPlainStage2(p);
-  d.hs = static_cast<int>(t.hs);
-  d.ctas2 = static_cast<int>(t.ctas);
-  d.win = static_cast<int>(t.window);
-  d.ldw2 = static_cast<int>(HcFastPaddedStride(t.window));
-  d.rp = static_cast<int>(HcFastRoundUp(p.R, 16));
-  d.lda2 = static_cast<int>(HcFastPaddedStride(d.rp));
-  d.has_prologue = p.has_prologue;
-  d.bulk = tuning.bulk_copies;
-  d.epsilon = p.epsilon;
-  d.reduction_scale = p.reduction_scale;
-  d.silu_alpha = p.silu_alpha;
-  d.gate_div = p.gate_div;
-  d.gate_mul = p.gate_mul;
-  d.timeline = tuning.timeline;
-  d.slot = tuning.timeline_slot;
-  return d;
-}
-
-struct PlainScratch {
-  size_t partials, inject, hn, total;
-  explicit PlainScratch(const HcLowRankMixParams& p, const PlainDims& d) {
-    partials = 0;
-    inject = Align256(static_cast<size_t>(p.rows) * d.np * d.g4 * sizeof(float));
-    hn = inject + Align256(static_cast<size_t>(p.rows) * d.C * d.groups * kRanks * sizeof(float));
-    total = hn + Align256(static_cast<size_t>(p.rows) * d.K * 2);
-  }
-};
+// Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
 template <typename Kernel>
 int CtasPerSm(Kernel kernel, size_t smem) {
@@ -523,51 +439,42 @@ int CtasPerSm(Kernel kernel, size_t smem) {
 
 }  // namespace
 
-size_t HcFastPlainScratchBytes(const HcLowRankMixParams& params) {
-  if (params.rows == 0) return 0;
-  const PlainDims d = MakePlainDims(params, HcFastTuning{});
-  return PlainScratch(params, d).total;
-}
+namespace cuda {
 
-size_t HcFastPlainSharedMemoryBytes(const HcLowRankMixParams& params) {
-  const PlainDims d = MakePlainDims(params, HcFastTuning{});
-  return std::max(Plain1Layout(d).total, Plain2Layout(d).total);
-}
-
-std::string HcFastPlainSummary(const HcLowRankMixParams& params) {
-  const PlainDims d = MakePlainDims(params, HcFastTuning{});
-  const size_t smem1 = Plain1Layout(d).total, smem2 = Plain2Layout(d).total;
-  return "plain design: stage 1: " + std::to_string(d.groups * kRanks) + " CTAs x " + std::to_string(kThreads) +
+std::string HcFastPlainSummary(const HcFastPlan& plan) {
+  const PlainDims& d = plan.plain_dims;
+  const size_t smem1 = plan.stage1_shared_bytes, smem2 = plan.stage2_shared_bytes;
+  return "plain design: stage 1: " + std::to_string(plan.stage1_ctas) + " CTAs x " + std::to_string(kThreads) +
          " threads, " + std::to_string(smem1) + " B shared (" +
          std::to_string(CtasPerSm(HcFastPlainStage1Kernel<__nv_bfloat16, true>, smem1)) + " per SM alone); stage 2: " +
-         std::to_string(d.ctas2) + " CTAs of " + std::to_string(d.hs) + " features, " + std::to_string(smem2) +
+         std::to_string(plan.stage2_ctas) + " CTAs of " + std::to_string(d.hs) + " features, " + std::to_string(smem2) +
          " B shared (" + std::to_string(CtasPerSm(HcFastPlainStage2Kernel<__nv_bfloat16>, smem2)) +
          " per SM alone); rows per pass " + std::to_string(d.rt);
 }
 
 template <typename T>
-cudaError_t LaunchHcFastPlain(const cuda::HcDeviceTensors<T>& args, const HcLowRankMixParams& params, void* scratch,
-                              cudaStream_t stream, bool weights_are_constant, bool use_pdl,
-                              const HcFastTuning& tuning) {
-  const PlainDims d = MakePlainDims(params, tuning);
-  const PlainScratch parts(params, d);
+HcLaunchStatus LaunchHcFastPlain(const HcDeviceTensors<T>& tensors, void* scratch, const HcFastPlan& plan,
+                                 cudaStream_t stream, bool weights_are_constant) {
+  const PlainDims& d = plan.plain_dims;
   char* base = static_cast<char*>(scratch);
-  float* partials = reinterpret_cast<float*>(base + parts.partials);
-  float* inject = reinterpret_cast<float*>(base + parts.inject);
-  T* hn = reinterpret_cast<T*>(base + parts.hn);
+  float* partials = reinterpret_cast<float*>(base + plan.scratch.partials);
+  float* inject = reinterpret_cast<float*>(base + plan.scratch.inject);
+  T* hn = reinterpret_cast<T*>(base + plan.scratch.hn);
   const auto stage1 = d.has_prologue ? HcFastPlainStage1Kernel<T, true> : HcFastPlainStage1Kernel<T, false>;
-  cudaError_t err = Launch(stage1, d.groups * kRanks, kThreads, Plain1Layout(d).total, 1, use_pdl, stream, args, d,
-                           partials, inject, hn, weights_are_constant);
-  if (err != cudaSuccess) return err;
-  return Launch(HcFastPlainStage2Kernel<T>, d.ctas2, kThreads, Plain2Layout(d).total, 1, use_pdl, stream, args, d,
-                static_cast<const float*>(partials), static_cast<const float*>(inject), static_cast<const T*>(hn),
-                weights_are_constant);
+  cudaError_t err = Launch(stage1, plan.stage1_ctas, kThreads, plan.stage1_shared_bytes, 1, plan.use_pdl, stream,
+                           tensors, d, partials, inject, hn, weights_are_constant);
+  if (err != cudaSuccess) return {"plain stage 1 kernel", err};
+  err = Launch(HcFastPlainStage2Kernel<T>, plan.stage2_ctas, kThreads, plan.stage2_shared_bytes, 1, plan.use_pdl,
+               stream, tensors, d, static_cast<const float*>(partials), static_cast<const float*>(inject),
+               static_cast<const T*>(hn), weights_are_constant);
+  if (err != cudaSuccess) return {"plain stage 2 kernel", err};
+  return {};
 }
 
-template cudaError_t LaunchHcFastPlain<__half>(const cuda::HcDeviceTensors<__half>&, const HcLowRankMixParams&, void*,
-                                               cudaStream_t, bool, bool, const HcFastTuning&);
-template cudaError_t LaunchHcFastPlain<__nv_bfloat16>(const cuda::HcDeviceTensors<__nv_bfloat16>&,
-                                                      const HcLowRankMixParams&, void*, cudaStream_t, bool, bool,
-                                                      const HcFastTuning&);
+template HcLaunchStatus LaunchHcFastPlain<__half>(const HcDeviceTensors<__half>&, void*, const HcFastPlan&,
+                                                  cudaStream_t, bool);
+template HcLaunchStatus LaunchHcFastPlain<__nv_bfloat16>(const HcDeviceTensors<__nv_bfloat16>&, void*,
+                                                         const HcFastPlan&, cudaStream_t, bool);
 
+}  // namespace cuda
 }  // namespace hcfuse

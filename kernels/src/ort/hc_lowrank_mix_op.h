@@ -312,7 +312,7 @@ void AddHcLowRankMixOp(Ort::CustomOpDomain& domain, const char* provider) {
   detail::KeepAlive(std::move(op));
 }
 
-// CPU registrations (float, float16, bfloat16), in hc_lowrank_mix_op.cc.
+// CPU registrations (float, float16, bfloat16), in hc_lowrank_mix_op_cpu.cc.
 void RegisterCpuOps(Ort::CustomOpDomain& domain);
 
 }  // namespace hcfuse

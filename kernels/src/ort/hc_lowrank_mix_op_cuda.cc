@@ -16,7 +16,7 @@
 #include <utility>
 
 #include "cuda/hc_fast_path.h"
-#include "cuda/hc_fast_path_eligibility.h"
+#include "cuda/hc_fast_plan.h"
 #include "cuda/hc_gemm.h"
 #include "cuda/hc_lowrank_mix_cuda.h"
 #include "ort/hc_lowrank_mix_op.h"
@@ -182,86 +182,69 @@ class CudaProvider {
         gemm_(debug_) {
     weights_constant_ = WeightsAreConstant(api, info);
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
-    ThrowIfCudaFailed(cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device_),
+    int max_smem = 0;
+    ThrowIfCudaFailed(cudaDeviceGetAttribute(&caps_.sm_major, cudaDevAttrComputeCapabilityMajor, device_),
                       "cudaDeviceGetAttribute(compute capability major)");
-    ThrowIfCudaFailed(cudaDeviceGetAttribute(&sm_minor_, cudaDevAttrComputeCapabilityMinor, device_),
+    ThrowIfCudaFailed(cudaDeviceGetAttribute(&caps_.sm_minor, cudaDevAttrComputeCapabilityMinor, device_),
                       "cudaDeviceGetAttribute(compute capability minor)");
-    ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
+    ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
                       "cudaDeviceGetAttribute(max shared memory per block, opt-in)");
+    caps_.max_shared_memory_per_block = max_smem;
   }
 
   Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& t) {
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(ctx).GetGPUComputeStream());
 
-    std::string why;
-    const bool fast = UseFastPath(params, t, &why);
+    // One plan per call: the fast path when it is ok, else the general path; its reason goes to
+    // HCFUSE_DEBUG and the forced-path error.
+    const HcFastPlan plan =
+        forced_ == PathChoice::kGeneral ? HcFastPlanRefused("HCFUSE_FORCE_PATH=general") : PlanFast(params, t);
+    const bool fast = plan.ok();
     if (forced_ == PathChoice::kFast && !fast) {
       return Ort::Status((std::string(kOpName) + " (CUDA): HCFUSE_FORCE_PATH=fast, but the fast path cannot run this "
-                                                 "call: " + why + "; unset HCFUSE_FORCE_PATH or set it to 'general'")
+                                                 "call: " + plan.reason + "; unset HCFUSE_FORCE_PATH or set it to 'general'")
                              .c_str(),
                          ORT_FAIL);
     }
     if (debug_) {
+      const std::string why = !fast                         ? plan.reason
+                              : forced_ == PathChoice::kFast ? "HCFUSE_FORCE_PATH=fast"
+                              : weights_constant_           ? "decode-sized, constant weights"
+                                                            : "decode-sized, weights produced by the graph";
       std::fprintf(stderr, "hcfuse: %s %s rows=%lld C=%lld H=%lld R=%lld sm_%d%d: %s path (%s)\n", kOpName,
                    CudaTypeOf<T>::name, static_cast<long long>(params.rows), static_cast<long long>(params.C),
-                   static_cast<long long>(params.H), static_cast<long long>(params.R), sm_major_, sm_minor_,
+                   static_cast<long long>(params.H), static_cast<long long>(params.R), caps_.sm_major, caps_.sm_minor,
                    fast ? "fast" : "general", why.c_str());
     }
-    return fast ? RunFast(ctx, params, t, stream) : RunGeneral(ctx, params, t, stream);
+    return fast ? RunFast(ctx, params, t, plan, stream) : RunGeneral(ctx, params, t, stream);
   }
 
  private:
-  // The fast path when it supports the call and (unless forced) the row count is decode-sized.
-  // `why` says what decided, for HCFUSE_DEBUG and the forced-path error.
-  bool UseFastPath(const HcLowRankMixParams& p, const cuda::HcDeviceTensors<CT>& t, std::string* why) const {
-    if (forced_ == PathChoice::kGeneral) return (*why = "HCFUSE_FORCE_PATH=general"), false;
-    if (!kHasFastPath) return (*why = "the fast path runs float16 and bfloat16 only"), false;
-    if (!IsHcFastPathSupported(p, sm_major_, sm_minor_, static_cast<int>(sizeof(CT)))) {
-      return (*why = "shape not supported by the fast path (see hc_fast_path_eligibility.h) or compute capability "
-                     "below 8.0"),
-             false;
-    }
-    if (!HcFastPointersAligned({t.streams, t.norm_scale, t.down_weight, t.up_weight, t.inject_weight,
-                                t.prev_block_output, t.prev_post_gate, t.pre_output, t.post_gate, t.streams_out})) {
-      return (*why = "a tensor is not 16-byte aligned"), false;
-    }
-    if (const size_t smem = HcFastSharedMemoryBytes(p, sm_major_, tuning_); smem > static_cast<size_t>(max_smem_)) {
-      return (*why = "it needs " + std::to_string(smem) + " bytes of shared memory per block; the device allows " +
-                     std::to_string(max_smem_)),
-             false;
-    }
-    if (forced_ == PathChoice::kFast) return (*why = "HCFUSE_FORCE_PATH=fast"), true;
-    if (!IsHcFastPathEligible(p, sm_major_, sm_minor_, static_cast<int>(sizeof(CT)))) {
-      return (*why = "more than " + std::to_string(kHcFastMaxAutoRows) + " rows"), false;
-    }
-    *why = weights_constant_ ? "decode-sized, constant weights" : "decode-sized, weights produced by the graph";
-    return true;
+  HcFastPlan PlanFast(const HcLowRankMixParams& p, const Args& t) const {
+    HcFastRequest request;
+    request.element_bytes = static_cast<int>(sizeof(CT));
+    request.pointers_aligned = cuda::HcFastTensorsAligned(t);
+    request.forced = forced_ == PathChoice::kFast;
+    return HcFastPlanFor(p, caps_, tuning_, request);
   }
 
-  Ort::Status RunGeneral(OrtKernelContext* ctx, const HcLowRankMixParams& p, const cuda::HcDeviceTensors<CT>& t,
-                         cudaStream_t stream) {
+  Ort::Status RunGeneral(OrtKernelContext* ctx, const HcLowRankMixParams& p, const Args& t, cudaStream_t stream) {
     Scratch scratch = AllocateScratch(ctx, device_, cuda::HcGeneralScratchBytes(p, sizeof(CT)));
     const cuda::HcLaunchStatus s = cuda::LaunchHcGeneral<CT>(p, t, scratch.get(), gemm_, stream, debug_);
     return s.ok() ? Ort::Status{nullptr} : LaunchFailure("LaunchHcGeneral", s.Message());
   }
 
-  Ort::Status RunFast(OrtKernelContext* ctx, const HcLowRankMixParams& p, const cuda::HcDeviceTensors<CT>& t,
+  Ort::Status RunFast(OrtKernelContext* ctx, const HcLowRankMixParams& p, const Args& t, const HcFastPlan& plan,
                       cudaStream_t stream) {
     if constexpr (kHasFastPath) {
-      const size_t bytes = HcFastScratchBytes(p);
-      Scratch scratch = AllocateScratch(ctx, device_, bytes);
-      const bool use_pdl = HcFastUsesSm90Features(sm_major_);
+      Scratch scratch = AllocateScratch(ctx, device_, plan.scratch.total);
       if (debug_) {
         std::fprintf(stderr, "hcfuse: %s fast path: %s; PDL %s, weights %s\n", kOpName,
-                     HcFastLaunchSummary<CT>(p, sm_major_, tuning_).c_str(), use_pdl ? "on" : "off",
+                     cuda::HcFastLaunchSummary<CT>(plan).c_str(), plan.use_pdl ? "on" : "off",
                      weights_constant_ ? "constant (read before the wait)" : "produced upstream (read after the wait)");
       }
-      const cudaError_t e =
-          LaunchHcFast<CT>(t, p, scratch.get(), bytes, stream, weights_constant_, use_pdl, sm_major_, tuning_);
-      if (e != cudaSuccess) {
-        return LaunchFailure("LaunchHcFast", std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e));
-      }
-      return Ort::Status{nullptr};
+      const cuda::HcLaunchStatus s = cuda::LaunchHcFast<CT>(p, t, scratch.get(), plan, stream, weights_constant_);
+      return s.ok() ? Ort::Status{nullptr} : LaunchFailure("LaunchHcFast", s.Message());
     } else {
       return LaunchFailure("LaunchHcFast", "the fast path has no float kernel");
     }
@@ -271,7 +254,8 @@ class CudaProvider {
   const bool debug_;
   const HcFastTuning tuning_;
   bool weights_constant_ = false;
-  int device_ = 0, sm_major_ = 0, sm_minor_ = 0, max_smem_ = 0;
+  int device_ = 0;
+  HcDeviceCaps caps_;
   cuda::HcLtGemm gemm_;  // one cuBLASLt handle and pinned plans per kernel instance
 };
 

@@ -1,0 +1,238 @@
+// The fast path's planner (hc_fast_plan.h): the tiling of both designs, their shared memory and
+// scratch, and the reasons a call cannot run. Host C++ only.
+#include "cuda/hc_fast_plan.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace hcfuse {
+namespace {
+
+// Shared-memory row strides (elements of T) of the tensor-core operands: a row of n (a multiple of 8)
+// elements padded to an odd number of 16-byte chunks, so ldmatrix's eight row reads hit distinct banks.
+int64_t PaddedStride(int64_t n) { return (n / 8) % 2 == 1 ? n : n + 8; }
+int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
+
+int64_t ClusterSize(int sm_major, int64_t requested) {
+  if (!HcFastUsesSm90Features(sm_major)) return 1;
+  return requested == 4 || requested == 8 ? requested : kHcFastClusterSize;
+}
+
+// Stage 1 weight tile: ks rows of [down (R) | inject (C, padded to one 8-column mma tile)].
+int64_t Stage1TileBytes(const HcLowRankMixParams& p, int64_t ks) { return ks * PaddedStride(p.R + 8) * 2; }
+// Stage 2 weight tile: R (rounded up to 16) rows of the C * hs columns a CTA owns.
+int64_t Stage2TileBytes(const HcLowRankMixParams& p, int64_t hs) {
+  return RoundUp(p.R, 16) * PaddedStride(p.C * hs) * 2;
+}
+
+// Stage 1 CTAs per branch: each takes a K slice of ks = H / ctas features of one branch (ks a
+// multiple of the mma's k = 16); C branches side by side, a whole number of clusters. 0: no tiling.
+int64_t Stage1CtasPerBranch(const HcLowRankMixParams& p, int64_t cluster) {
+  for (int64_t ctas = kHcFastMaxStage1Ctas / p.C; ctas >= 1; --ctas) {
+    if (p.H % ctas != 0 || (p.H / ctas) % 16 != 0 || (ctas * p.C) % cluster != 0) continue;
+    return Stage1TileBytes(p, p.H / ctas) <= kHcFastMaxTileBytes ? ctas : 0;
+  }
+  return 0;
+}
+
+// Stage 2 CTAs: each takes hs = H / ctas features of every branch (C * hs columns, a whole number
+// of 8-column mma tiles). Preferred: hs a multiple of 8, so every up_weight row piece is 16-byte
+// copies of whole 32-byte sectors (the real shape: 160 CTAs of 16 features); else hs a multiple of
+// 4 (8-byte copies), at most 128 CTAs. 0: no tiling.
+int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster) {
+  for (const int64_t piece : {8, 4}) {
+    for (int64_t ctas = piece == 8 ? kHcFastMaxStage2Ctas : 128; ctas >= 1; --ctas) {
+      const int64_t hs = p.H / ctas;
+      if (p.H % ctas != 0 || hs % piece != 0 || (p.C * hs) % 8 != 0 || ctas % cluster != 0) continue;
+      if (Stage2TileBytes(p, hs) > kHcFastMaxTileBytes) break;  // fewer CTAs only grow the tile
+      return ctas;
+    }
+  }
+  return 0;
+}
+
+// Why the kernels cannot tile this shape with this cluster size; empty when they can. C % 4 == 0 and
+// C <= 8 (8-byte inject rows, one mma tile), R % 8 == 0 and R <= 1024 (16-byte down rows), H % 32 == 0
+// (8 sum-of-squares parts of whole 4-element vectors), and a tiling of both stages (above).
+std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster) {
+  const auto refuse = [&](const std::string& why) {
+    return "C=" + std::to_string(p.C) + " H=" + std::to_string(p.H) + " R=" + std::to_string(p.R) + ": " + why;
+  };
+  const auto tile = [&] {  // strings only for a refusal: the accepted call allocates nothing here
+    return std::to_string(kHcFastMaxTileBytes) + " bytes) with clusters of " + std::to_string(cluster);
+  };
+  if (p.C <= 0 || p.H <= 0 || p.R <= 0) return refuse("the fast path needs positive C, H and R");
+  if (p.C % 4 != 0 || p.C > 8) return refuse("the fast path needs C a multiple of 4, at most 8");
+  if (p.R % 8 != 0 || p.R > 1024) return refuse("the fast path needs R a multiple of 8, at most 1024");
+  if (p.H % (4 * kHcFastSsParts) != 0) return refuse("the fast path needs H a multiple of 32");
+  if (Stage1CtasPerBranch(p, cluster) == 0) {
+    return refuse("no stage 1 tiling (K slices of a multiple of 16 features, a weight tile of at most " + tile());
+  }
+  if (Stage2Ctas(p, cluster) == 0) {
+    return refuse("no stage 2 tiling (4 or 8 features per CTA, a weight tile of at most " + tile());
+  }
+  return {};
+}
+
+// The fields both designs' arguments take from the call as they are: shapes, attributes, the probe.
+template <typename Dims>
+Dims CallDims(const HcLowRankMixParams& p, const HcFastTuning& tuning) {
+  Dims d{};
+  d.rows = static_cast<int>(p.rows);
+  d.C = static_cast<int>(p.C);
+  d.H = static_cast<int>(p.H);
+  d.R = static_cast<int>(p.R);
+  d.K = d.C * d.H;
+  d.np = d.R + d.C;
+  d.rt = static_cast<int>(std::min<int64_t>(std::max<int64_t>(p.rows, 1), kHcFastRowTile));  // rows per pass
+  d.has_prologue = p.has_prologue;
+  d.epsilon = p.epsilon;
+  d.reduction_scale = p.reduction_scale;
+  d.silu_alpha = p.silu_alpha;
+  d.gate_div = p.gate_div;
+  d.gate_mul = p.gate_mul;
+  d.timeline = tuning.timeline;
+  d.slot = tuning.timeline_slot;
+  return d;
+}
+
+HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& tuning) {
+  const int parts = static_cast<int>(kHcFastSsParts);
+  HcFastClusterDims d = CallDims<HcFastClusterDims>(p, tuning);
+  d.cpb = static_cast<int>(Stage1CtasPerBranch(p, cluster));
+  d.ks = d.H / d.cpb;
+  d.ldb1 = static_cast<int>(PaddedStride(p.R + 8));
+  d.lda1 = static_cast<int>(PaddedStride(d.ks));
+  // partial columns per cluster rank: whole 8-column mma tiles (stage 1 stores a tile to one rank)
+  d.per1 = static_cast<int>(RoundUp((d.np + 7) / 8, cluster) / cluster * 8);
+  d.groups = d.cpb * d.C / cluster;
+  d.g4 = static_cast<int>(RoundUp(d.groups, 4));
+  d.hs = d.H / static_cast<int>(Stage2Ctas(p, cluster));
+  d.n2 = d.C * d.hs;
+  d.ldu = static_cast<int>(PaddedStride(d.n2));
+  d.piece = d.hs % 8 == 0 ? 8 : 4;
+  d.rp = static_cast<int>(RoundUp(p.R, 16));
+  d.lda2 = static_cast<int>(PaddedStride(d.rp));
+  d.per2 = static_cast<int>(RoundUp((p.R + cluster - 1) / cluster, 8));
+  d.ss_local = cluster == 1 || parts % cluster != 0 || d.cpb % cluster != 0 || p.rows <= tuning.ss_local_max_rows;
+  d.ss_parts = d.ss_local ? parts : parts / cluster;
+  d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
+  d.batch = tuning.batched_stage1;
+  return d;
+}
+
+// Stage 2 of the plain design: ctas CTAs of hs = H / ctas features of every branch; each copies the
+// 16-byte chunks that cover its features, a window of `window` elements per branch row.
+struct PlainStage2Tiling {
+  int64_t ctas = 0, hs = 0, window = 0;
+};
+PlainStage2Tiling PlainStage2(const HcLowRankMixParams& p) {
+  PlainStage2Tiling t;
+  if (p.H % 8 != 0) return t;
+  for (int64_t ctas = kHcFastPlainMaxStage2Ctas; ctas >= 1; --ctas) {
+    if (p.H % ctas != 0) continue;
+    t.ctas = ctas;
+    t.hs = p.H / ctas;
+    for (int64_t j = 0; j < ctas; ++j) {
+      const int64_t h0 = j * t.hs, begin = h0 / 8 * 8, end = RoundUp(h0 + t.hs, 8);
+      t.window = std::max(t.window, end - begin);
+    }
+    return t;
+  }
+  return t;
+}
+
+HcFastPlainDims PlainDims(const HcLowRankMixParams& p, const HcFastTuning& tuning) {
+  const int ranks = static_cast<int>(kHcFastPlainRanks);
+  HcFastPlainDims d = CallDims<HcFastPlainDims>(p, tuning);
+  const int cpb = static_cast<int>(Stage1CtasPerBranch(p, kHcFastPlainRanks));
+  d.kso = cpb > 0 ? d.H / cpb : 0;
+  d.slice = ranks * d.kso;
+  d.slices_per_branch = cpb / ranks;
+  d.groups = cpb * d.C / ranks;
+  d.g4 = static_cast<int>(RoundUp(d.groups, 4));
+  d.tpn = (d.R / 8 + ranks - 1) / ranks;  // down n-tiles (8 columns) of one of the 8 column slices
+  d.ncols = d.tpn * 8;
+  d.ldw1 = static_cast<int>(PaddedStride(d.ncols));
+  d.lda1 = static_cast<int>(PaddedStride(d.slice));
+  const PlainStage2Tiling t = PlainStage2(p);
+  d.hs = static_cast<int>(t.hs);
+  d.ctas2 = static_cast<int>(t.ctas);
+  d.win = static_cast<int>(t.window);
+  d.ldw2 = static_cast<int>(PaddedStride(t.window));
+  d.rp = static_cast<int>(RoundUp(p.R, 16));
+  d.lda2 = static_cast<int>(PaddedStride(d.rp));
+  d.bulk = tuning.bulk_copies;
+  return d;
+}
+
+// The plain design runs this call: asked for (kPlain), or kAuto up to kHcFastPlainMaxRows rows, and it
+// can (the cluster design's shape checks passed): sm_90 with the default cluster size, the cluster
+// design's groups of 8 stage 1 CTAs inside one branch (at most 16 groups: stage 2 adds them as four
+// float4), a stage 2 tiling, and both tiles fit.
+bool PlainRuns(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tuning) {
+  if (tuning.design == HcFastDesign::kCluster) return false;
+  if (tuning.design != HcFastDesign::kPlain && p.rows > kHcFastPlainMaxRows) return false;
+  if (!HcFastUsesSm90Features(sm_major) || ClusterSize(sm_major, tuning.cluster) != kHcFastPlainRanks) return false;
+  const int64_t cpb = Stage1CtasPerBranch(p, kHcFastPlainRanks);
+  if (cpb <= 0 || cpb % kHcFastPlainRanks != 0 || cpb * p.C / kHcFastPlainRanks > 16) return false;
+  const HcFastPlainDims d = PlainDims(p, tuning);
+  return d.ctas2 > 0 && int64_t{2} * d.slice * d.ldw1 <= kHcFastPlainMaxTileBytes &&
+         int64_t{2} * d.C * d.rp * d.ldw2 <= kHcFastPlainMaxTileBytes;
+}
+
+}  // namespace
+
+HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& caps, const HcFastTuning& tuning,
+                         const HcFastRequest& request) {
+  if (request.element_bytes != 2) return HcFastPlanRefused("the fast path runs float16 and bfloat16 only");
+  if (caps.sm_major < 8) {
+    return HcFastPlanRefused("compute capability " + std::to_string(caps.sm_major) + "." +
+                             std::to_string(caps.sm_minor) + " is below 8.0");
+  }
+  const int64_t cluster = ClusterSize(caps.sm_major, tuning.cluster);
+  if (std::string why = ShapeReason(params, cluster); !why.empty()) return HcFastPlanRefused(std::move(why));
+  if (!request.pointers_aligned) return HcFastPlanRefused("a tensor is not 16-byte aligned");
+
+  HcFastPlan plan;
+  plan.use_pdl = HcFastUsesSm90Features(caps.sm_major);
+  const size_t rows = static_cast<size_t>(params.rows);
+  if (PlainRuns(params, caps.sm_major, tuning)) {
+    const HcFastPlainDims& d = plan.plain_dims = PlainDims(params, tuning);
+    plan.design = HcFastDesign::kPlain;
+    plan.cluster = 1;
+    plan.stage1_ctas = d.groups * static_cast<int>(kHcFastPlainRanks);
+    plan.stage2_ctas = d.ctas2;
+    plan.stage1_shared_bytes = HcFastPlain1Layout(d).total;
+    plan.stage2_shared_bytes = HcFastPlain2Layout(d).total;
+    plan.scratch.inject = Align256(rows * d.np * d.g4 * sizeof(float));
+    plan.scratch.hn = plan.scratch.inject + Align256(rows * d.C * d.groups * kHcFastPlainRanks * sizeof(float));
+  } else {
+    const HcFastClusterDims& d = plan.cluster_dims = ClusterDims(params, static_cast<int>(cluster), tuning);
+    plan.design = HcFastDesign::kCluster;
+    plan.cluster = static_cast<int>(cluster);
+    plan.stage1_ctas = d.cpb * d.C;
+    plan.stage2_ctas = d.H / d.hs;
+    plan.stage1_shared_bytes = HcFastStage1Layout(d, plan.cluster).total;
+    plan.stage2_shared_bytes = HcFastStage2Layout(d).total;
+    plan.scratch.hn = Align256(rows * d.np * d.g4 * sizeof(float));
+  }
+  plan.scratch.total = plan.scratch.hn + Align256(rows * params.width() * 2);
+
+  if (plan.shared_memory_bytes() > static_cast<size_t>(std::max<int64_t>(caps.max_shared_memory_per_block, 0))) {
+    return HcFastPlanRefused("it needs " + std::to_string(plan.shared_memory_bytes()) +
+                             " bytes of shared memory per block; the device allows " +
+                             std::to_string(caps.max_shared_memory_per_block));
+  }
+  if (!request.forced && params.rows > kHcFastMaxAutoRows) {
+    return HcFastPlanRefused("more than " + std::to_string(kHcFastMaxAutoRows) + " rows");
+  }
+  if (params.rows > kHcFastMaxRows) {
+    return HcFastPlanRefused("more than " + std::to_string(kHcFastMaxRows) + " rows (the kernels count rows in int)");
+  }
+  return plan;
+}
+
+}  // namespace hcfuse

@@ -1,0 +1,118 @@
+// Prints the CUDA fast path's plan (kernels/src/cuda/hc_fast_plan.h) for one call as one JSON object,
+// for tests/test_fast_plan.py: built with the host compiler alone (no CUDA), so the path choice and
+// the tiling are checked on any machine.
+//   fast_plan_probe KEY=VALUE...   shape: rows C H R prologue; device: sm (e.g. 90) smem (opt-in bytes
+//   per block); call: elem (bytes) aligned forced; tuning: cluster design (auto|cluster|plain)
+//   ss_local hidden_local batch bulk.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cuda/hc_fast_plan.h"
+
+namespace {
+
+using hcfuse::HcFastDesign;
+
+long long Int(const char* arg, const char* value) {
+  char* end = nullptr;
+  const long long v = std::strtoll(value, &end, 10);
+  if (*value == '\0' || *end != '\0') {
+    std::fprintf(stderr, "fast_plan_probe: %s: not an integer\n", arg);
+    std::exit(2);
+  }
+  return v;
+}
+
+std::string Quoted(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+const char* DesignName(HcFastDesign d) {
+  return d == HcFastDesign::kPlain ? "plain" : d == HcFastDesign::kCluster ? "cluster" : "auto";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  hcfuse::HcLowRankMixParams p;
+  p.rows = 1;
+  p.C = 4;
+  p.H = 2560;
+  p.R = 320;
+  hcfuse::HcDeviceCaps caps;
+  caps.sm_major = 9;
+  caps.max_shared_memory_per_block = 227 * 1024;  // an H100/H200's opt-in maximum
+  hcfuse::HcFastTuning tuning;
+  hcfuse::HcFastRequest request;
+  for (int i = 1; i < argc; ++i) {
+    const char* eq = std::strchr(argv[i], '=');
+    if (eq == nullptr) {
+      std::fprintf(stderr, "fast_plan_probe: %s: expected KEY=VALUE\n", argv[i]);
+      return 2;
+    }
+    const std::string key(argv[i], static_cast<size_t>(eq - argv[i]));
+    const char* value = eq + 1;
+    if (key == "design") {
+      tuning.design = std::strcmp(value, "plain") == 0     ? HcFastDesign::kPlain
+                      : std::strcmp(value, "cluster") == 0 ? HcFastDesign::kCluster
+                                                           : HcFastDesign::kAuto;
+      continue;
+    }
+    const long long v = Int(argv[i], value);
+    if (key == "rows") p.rows = v;
+    else if (key == "C") p.C = v;
+    else if (key == "H") p.H = v;
+    else if (key == "R") p.R = v;
+    else if (key == "prologue") p.has_prologue = v != 0;
+    else if (key == "sm") caps.sm_major = static_cast<int>(v / 10), caps.sm_minor = static_cast<int>(v % 10);
+    else if (key == "smem") caps.max_shared_memory_per_block = v;
+    else if (key == "elem") request.element_bytes = static_cast<int>(v);
+    else if (key == "aligned") request.pointers_aligned = v != 0;
+    else if (key == "forced") request.forced = v != 0;
+    else if (key == "cluster") tuning.cluster = v;
+    else if (key == "ss_local") tuning.ss_local_max_rows = v;
+    else if (key == "hidden_local") tuning.hidden_local_max_rows = v;
+    else if (key == "batch") tuning.batched_stage1 = v != 0;
+    else if (key == "bulk") tuning.bulk_copies = v != 0;
+    else {
+      std::fprintf(stderr, "fast_plan_probe: unknown key %s\n", key.c_str());
+      return 2;
+    }
+  }
+  p.leading_dims = {p.rows};
+
+  const hcfuse::HcFastPlan plan = hcfuse::HcFastPlanFor(p, caps, tuning, request);
+  std::printf("{\"ok\": %s, \"reason\": %s", plan.ok() ? "true" : "false", Quoted(plan.reason).c_str());
+  if (plan.ok()) {
+    std::printf(", \"design\": \"%s\", \"cluster\": %d, \"use_pdl\": %s, \"stage1_ctas\": %d, \"stage2_ctas\": %d"
+                ", \"stage1_shared_bytes\": %zu, \"stage2_shared_bytes\": %zu, \"shared_memory_bytes\": %zu"
+                ", \"scratch\": {\"partials\": %zu, \"inject\": %zu, \"hn\": %zu, \"total\": %zu}",
+                DesignName(plan.design), plan.cluster, plan.use_pdl ? "true" : "false", plan.stage1_ctas,
+                plan.stage2_ctas, plan.stage1_shared_bytes, plan.stage2_shared_bytes, plan.shared_memory_bytes(),
+                plan.scratch.partials, plan.scratch.inject, plan.scratch.hn, plan.scratch.total);
+    if (plan.design == HcFastDesign::kPlain) {
+      const hcfuse::HcFastPlainDims& d = plan.plain_dims;
+      std::printf(", \"dims\": {\"rows\": %d, \"rt\": %d, \"kso\": %d, \"slice\": %d, \"groups\": %d, \"g4\": %d"
+                  ", \"hs\": %d, \"ctas2\": %d, \"win\": %d, \"has_prologue\": %s, \"bulk\": %s}",
+                  d.rows, d.rt, d.kso, d.slice, d.groups, d.g4, d.hs, d.ctas2, d.win,
+                  d.has_prologue ? "true" : "false", d.bulk ? "true" : "false");
+    } else {
+      const hcfuse::HcFastClusterDims& d = plan.cluster_dims;
+      std::printf(", \"dims\": {\"rows\": %d, \"rt\": %d, \"cpb\": %d, \"ks\": %d, \"groups\": %d, \"g4\": %d"
+                  ", \"hs\": %d, \"piece\": %d, \"per1\": %d, \"per2\": %d, \"ss_parts\": %d, \"ss_local\": %s"
+                  ", \"hidden_local\": %s, \"batch\": %s, \"has_prologue\": %s}",
+                  d.rows, d.rt, d.cpb, d.ks, d.groups, d.g4, d.hs, d.piece, d.per1, d.per2, d.ss_parts,
+                  d.ss_local ? "true" : "false", d.hidden_local ? "true" : "false", d.batch ? "true" : "false",
+                  d.has_prologue ? "true" : "false");
+    }
+  }
+  std::printf("}\n");
+  return 0;
+}
