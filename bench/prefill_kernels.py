@@ -43,28 +43,39 @@ def run(rows_list: list[int], dtype_name: str, runs: int) -> None:
         print(f"prefill_kernels: {rows} rows x {runs} runs", flush=True)
 
 
+_UNITS = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9,
+          "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9}
+
+
 def summarize(path: Path, rows_list: list[int], runs: int) -> None:
-    """ncu's CSV (one line per kernel and metric) -> per row count, the last run's kernels."""
+    """ncu's CSV (one line per kernel and metric) -> per row count, the kernels of its last run (a run
+    starts at the norm kernel)."""
     launches: dict[int, dict] = defaultdict(dict)  # ncu ID -> {name, metrics}
     with open(path) as f:
         lines = [line for line in f if line.startswith('"')]
     for rec in csv.DictReader(lines):
         k = launches[int(rec["ID"])]
         k["name"] = rec["Kernel Name"]
-        k[rec["Metric Name"]] = float(rec["Metric Value"].replace(",", ""))
-    ids = sorted(launches)
-    per_call = len(ids) // (len(rows_list) * runs)
+        scale = _UNITS.get(rec["Metric Unit"].lower(), 1.0)  # to ns and bytes
+        k[rec["Metric Name"]] = float(rec["Metric Value"].replace(",", "")) * scale
+    calls: list[list[dict]] = []
+    for kid in sorted(launches):
+        if "HcNorm" in launches[kid]["name"] or not calls:
+            calls.append([])
+        calls[-1].append(launches[kid])
+    if len(calls) != len(rows_list) * runs:
+        print(f"prefill_kernels: {len(calls)} runs in {path}, expected {len(rows_list) * runs}")
     for i, rows in enumerate(rows_list):
-        start = (i * runs + runs - 1) * per_call
+        if (i + 1) * runs > len(calls):
+            break
         total_us = total_mb = 0.0
         print(f"rows {rows}:")
-        for kid in ids[start:start + per_call]:
-            k = launches[kid]
+        for k in calls[(i + 1) * runs - 1]:
             us = k.get("gpu__time_duration.sum", 0.0) / 1e3  # ns
             mb = (k.get("dram__bytes_read.sum", 0.0) + k.get("dram__bytes_write.sum", 0.0)) / 1e6
             total_us, total_mb = total_us + us, total_mb + mb
             print(f"  {us:8.1f} us {mb:8.1f} MB  {k['name'][:110]}")
-        print(f"  {total_us:8.1f} us {total_mb:8.1f} MB  total ({per_call} kernels)")
+        print(f"  {total_us:8.1f} us {total_mb:8.1f} MB  total ({len(calls[(i + 1) * runs - 1])} kernels)")
 
 
 def main() -> None:
