@@ -20,12 +20,23 @@ import pytest
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import assert_bitwise_equal, run_bound
 from tests._cuda import cuda_session
+from tests import test_kernels_cuda
 from tests.test_kernels_cuda import DTYPE_IDS, DTYPES, QWEN, QWEN_ATTRS, _check, _reference, _require_dtype
 
 pytestmark = pytest.mark.cuda
 
 PREFILL_MIN_ROWS = 1024  # kHcPrefillMinRows
 _SAMPLE = 48  # reference rows per real-shape case (the reference is row independent)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_measured_maxima():
+    """Prints the maxima _check recorded for this module's cases (test_kernels_cuda's _STATS)."""
+    yield
+    mine = {k: v for k, v in test_kernels_cuda._STATS.items() if k.startswith(("prefill", "many-branches"))}
+    if mine:
+        print("\nmeasured vs hcfuse.reference:\n  " + "\n  ".join(
+            f"{k}: {', '.join(f'{n} {v}' for n, v in values.items())}" for k, values in sorted(mine.items())))
 
 
 def _real_shape(dtype, rows: int, seed: int):

@@ -104,19 +104,30 @@ __device__ __forceinline__ void BlockSums(float (&v)[N], float* scratch) {
   }
 }
 
+// Branches of one pass-1 round of HcNormInjectKernel: their loads overlap, one barrier per round.
+constexpr int kBranchGroup = 8;
+
 // ROWS consecutive rows per block (row-group-stride loop; a short last group repeats its last row,
-// computed but never stored). Pass 1 per branch forms S, writes streams_out and sums S^2 (per-thread
-// sequential, then BlockSum's order); pass 2 forms S again, writes hn and accumulates
-// inject[c'] = sum_k hn[k] * inject_weight[k, c'] per thread in the fixed order (branch, h, j), then
-// BlockSum's order; post_gate from the rounded inject. ROWS only amortizes the loads of norm_scale and
-// inject_weight: a row's operations, and so its bits, are the same for every ROWS and row count.
-template <typename T, int VEC, int ROWS>
+// computed but never stored).
+// Pass 1, per round of kBranchGroup branches: forms S, writes streams_out and sums S^2 per thread
+// (sequential), then per branch a warp butterfly whose warp sums lane 0 parks in shared memory; after
+// the round's barrier the warp sums are added in warp order (BlockSum's order) into 1 / rms.
+// Pass 2 forms S again, writes hn and accumulates inject[c'] = sum_k hn[k] * inject_weight[k, c'] per
+// thread in the fixed order (branch, h, j), then BlockSum's order; post_gate from the rounded inject.
+// CC = C known at compile time (4: the real shape; its inject_weight rows load as 16-byte vectors),
+// or 0 for any C (scalar loads, kInjectGroup columns per pass). ROWS and CC only change how loads are
+// issued and amortized: a row's operations, and so its bits, are the same for every ROWS, CC and row count.
+template <typename T, int VEC, int ROWS, int CC>
 __global__ void __launch_bounds__(kMaxNormThreads) HcNormInjectKernel(NormArgs<T> a) {
-  __shared__ float sum_scratch[ROWS * 32];
+  __shared__ float warp_sums[ROWS * kBranchGroup * 32];
   __shared__ float inject_scratch[ROWS * kInjectGroup * 32];
   extern __shared__ float inv_rms[];  // [ROWS][C]
-  const int64_t width = a.C * a.H;
+  const int64_t C = CC > 0 ? CC : a.C;
+  const int64_t width = C * a.H;
   const int64_t step = int64_t{blockDim.x} * VEC;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
   const int64_t groups = (a.rows + ROWS - 1) / ROWS;
   for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
     int64_t row[ROWS];
@@ -126,54 +137,88 @@ __global__ void __launch_bounds__(kMaxNormThreads) HcNormInjectKernel(NormArgs<T
       live[r] = group * ROWS + r < a.rows;
       row[r] = live[r] ? group * ROWS + r : a.rows - 1;
     }
-    for (int64_t c = 0; c < a.C; ++c) {
-      float sum_sq[ROWS];
+    for (int64_t b0 = 0; b0 < C; b0 += kBranchGroup) {
+      const int64_t branches = std::min<int64_t>(kBranchGroup, C - b0);
+#pragma unroll 4
+      for (int64_t cb = 0; cb < branches; ++cb) {
+        const int64_t c = b0 + cb;
+        float sum_sq[ROWS];
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) sum_sq[r] = 0.0f;
-      for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
+        for (int r = 0; r < ROWS; ++r) sum_sq[r] = 0.0f;
+        for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            const Vec<T, VEC> s = LoadS<T, VEC>(a, row[r], c, h);
+            if (a.streams_out != nullptr && live[r]) StoreVec<T, VEC>(a.streams_out + row[r] * width + c * a.H + h, s);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) sum_sq[r] = MulAdd(ToFloat(s.v[j]), ToFloat(s.v[j]), sum_sq[r]);
+          }
+        }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          const Vec<T, VEC> s = LoadS<T, VEC>(a, row[r], c, h);
-          if (a.streams_out != nullptr && live[r]) StoreVec<T, VEC>(a.streams_out + row[r] * width + c * a.H + h, s);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) sum_sq[r] = MulAdd(ToFloat(s.v[j]), ToFloat(s.v[j]), sum_sq[r]);
+          const float v = WarpSum(sum_sq[r]);
+          if (lane == 0) warp_sums[(r * kBranchGroup + cb) * 32 + warp] = v;
         }
       }
-      BlockSums<ROWS>(sum_sq, sum_scratch);
-      if (threadIdx.x == 0) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) inv_rms[r * a.C + c] = BranchInvRms(sum_sq[r], a.H, a.epsilon);
+      __syncthreads();
+      if (threadIdx.x < ROWS * kBranchGroup) {
+        const int r = threadIdx.x / kBranchGroup;
+        const int64_t cb = threadIdx.x % kBranchGroup;
+        if (cb < branches) {
+          float total = 0.0f;
+          for (int w = 0; w < num_warps; ++w) total += warp_sums[threadIdx.x * 32 + w];  // BlockSum's order
+          inv_rms[r * C + b0 + cb] = BranchInvRms(total, a.H, a.epsilon);
+        }
       }
+      __syncthreads();  // inv_rms of the round written; warp_sums free for the next round
     }
-    __syncthreads();  // inv_rms complete
-    for (int64_t c0 = 0; c0 < a.C; c0 += kInjectGroup) {
-      const int cols = static_cast<int>(std::min<int64_t>(kInjectGroup, a.C - c0));
+    for (int64_t c0 = 0; c0 < C; c0 += kInjectGroup) {
+      const int cols = CC > 0 ? CC : static_cast<int>(std::min<int64_t>(kInjectGroup, C - c0));
       float acc[ROWS * kInjectGroup];
 #pragma unroll
       for (int i = 0; i < ROWS * kInjectGroup; ++i) acc[i] = 0.0f;
-      for (int64_t c = 0; c < a.C; ++c) {
+#pragma unroll 4
+      for (int64_t c = 0; c < C; ++c) {
         for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
           const Vec<T, VEC> scale = LoadVec<T, VEC>(a.norm_scale + c * a.H + h);
           Vec<T, VEC> hn[ROWS];
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
             const Vec<T, VEC> s = LoadS<T, VEC>(a, row[r], c, h);
-            const float inv = inv_rms[r * a.C + c];
+            const float inv = inv_rms[r * C + c];
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
               hn[r].v[j] = FromFloat<T>(NormalizeHn(ToFloat(s.v[j]), inv, ToFloat(scale.v[j])));  // rounding point: hn
             }
             if (c0 == 0 && live[r]) StoreVec<T, VEC>(a.hn + row[r] * width + c * a.H + h, hn[r]);
           }
-          const T* w = a.inject_weight + (c * a.H + h) * a.C + c0;  // inject_weight[c*H + h, c0]
+          const T* w = a.inject_weight + (c * a.H + h) * C + c0;  // inject_weight[c*H + h, c0]
+          if constexpr (CC > 0) {
+            // the thread's VEC rows of inject_weight are VEC * CC contiguous elements, 16-byte aligned
+            constexpr int kChunk = 16 / static_cast<int>(sizeof(T));
+            static_assert((VEC * CC) % kChunk == 0, "CC > 0 needs VEC * CC * sizeof(T) to be a multiple of 16");
+            Vec<T, kChunk> wv[VEC * CC / kChunk];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
+            for (int i = 0; i < VEC * CC / kChunk; ++i) wv[i] = LoadVec<T, kChunk>(w + i * kChunk);
 #pragma unroll
-            for (int q = 0; q < kInjectGroup; ++q) {
-              if (q < cols) {
-                const float wq = ToFloat(w[j * a.C + q]);
+            for (int j = 0; j < VEC; ++j) {
+#pragma unroll
+              for (int q = 0; q < CC; ++q) {
+                const float wq = ToFloat(wv[(j * CC + q) / kChunk].v[(j * CC + q) % kChunk]);
 #pragma unroll
                 for (int r = 0; r < ROWS; ++r) acc[r * kInjectGroup + q] = fmaf(ToFloat(hn[r].v[j]), wq, acc[r * kInjectGroup + q]);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+#pragma unroll
+              for (int q = 0; q < kInjectGroup; ++q) {
+                if (q < cols) {
+                  const float wq = ToFloat(w[j * C + q]);
+#pragma unroll
+                  for (int r = 0; r < ROWS; ++r) acc[r * kInjectGroup + q] = fmaf(ToFloat(hn[r].v[j]), wq, acc[r * kInjectGroup + q]);
+                }
               }
             }
           }
@@ -188,7 +233,7 @@ __global__ void __launch_bounds__(kMaxNormThreads) HcNormInjectKernel(NormArgs<T
             if (q < cols && live[r]) {
               const float inject = RoundToT<T>(acc[r * kInjectGroup + q]);  // rounding point: inject
               // rounding point: post_gate
-              a.post_gate[row[r] * a.C + c0 + q] = FromFloat<T>(PostGate(inject, a.gate_div, a.gate_mul));
+              a.post_gate[row[r] * C + c0 + q] = FromFloat<T>(PostGate(inject, a.gate_div, a.gate_mul));
             }
           }
         }
@@ -206,20 +251,31 @@ struct SplitReduceArgs {
   float silu_alpha;
 };
 
-// The split down product's reduction, grid-stride over rows*R outputs (consecutive threads,
-// consecutive outputs of one slice): each output adds its slices in the fixed order
-// b = 0, 1, ..., splits - 1 in fp32, whatever the row count; then down is rounded to T and becomes
-// hidden = ScaledSiLU(down) (Z, SG, hidden rounded in ScaledSilu).
-template <typename T>
+// The split down product's reduction, grid-stride over groups of VEC consecutive outputs of rows*R
+// (consecutive threads, consecutive groups of one slice): each output adds its slices in the fixed
+// order b = 0, 1, ..., splits - 1 in fp32, whatever the row count; then down is rounded to T and becomes
+// hidden = ScaledSiLU(down) (Z, SG, hidden rounded in ScaledSilu). VEC only widens the loads.
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kElementwiseThreads) HcSplitReduceKernel(SplitReduceArgs<T> a) {
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < a.down_count;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float* __restrict__ partial = a.down_partial + i;
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int64_t b = 0; b < a.splits; ++b) acc = __fadd_rn(acc, partial[b * a.down_stride]);
-    const float down = RoundToT<T>(acc);  // rounding point: down
-    a.hidden[i] = FromFloat<T>(ScaledSilu<T>(down, a.silu_alpha));
+  const int64_t count = a.down_count / VEC;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    const float* __restrict__ partial = a.down_partial + i * VEC;
+    float acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
+#pragma unroll 4
+    for (int64_t b = 0; b < a.splits; ++b) {
+      const Vec<float, VEC> p = LoadVec<float, VEC>(partial + b * a.down_stride);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] = __fadd_rn(acc[j], p.v[j]);
+    }
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float down = RoundToT<T>(acc[j]);  // rounding point: down
+      out.v[j] = FromFloat<T>(ScaledSilu<T>(down, a.silu_alpha));
+    }
+    StoreVec<T, VEC>(a.hidden + i * VEC, out);
   }
 }
 
@@ -272,7 +328,8 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(Epil
     float acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
-    for (int64_t c = 0; c < a.C; ++c) {
+#pragma unroll 4
+    for (int64_t c = 0; c < a.C; ++c) {  // unrolled: the branches' loads are issued together
       const Vec<T, VEC> hn = LoadVec<T, VEC>(a.hn + row * width + c * a.H + h);
       const Vec<T, VEC> up = LoadVec<T, VEC>(a.up + row * width + c * a.H + h);
 #pragma unroll
@@ -417,15 +474,32 @@ ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size
 // GPU (the choice changes no bit, see the kernel).
 int NormRowsPerBlock(int64_t rows) { return rows >= 2048 ? 4 : rows >= 512 ? 2 : 1; }
 
+// C = 4 with 16-byte loadable inject_weight rows runs the compile-time-C kernel (same bits).
+template <typename T, int VEC>
+bool NormInjectFixedC(const NormArgs<T>& a) {
+  return a.C == 4 && (VEC * 4 * sizeof(T)) % 16 == 0 && AlignmentOf(a.inject_weight) >= 16;
+}
+
+template <typename T, int VEC, int ROWS>
+void LaunchNormInjectRows(const NormArgs<T>& a, unsigned blocks, int threads, size_t smem, cudaStream_t stream) {
+  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
+    if (NormInjectFixedC<T, VEC>(a)) {
+      HcNormInjectKernel<T, VEC, ROWS, 4><<<blocks, threads, smem, stream>>>(a);
+      return;
+    }
+  }
+  HcNormInjectKernel<T, VEC, ROWS, 0><<<blocks, threads, smem, stream>>>(a);
+}
+
 template <typename T, int VEC>
 void LaunchNormInject(const NormArgs<T>& a, int rows_per_block, int threads, cudaStream_t stream, unsigned* blocks) {
   const int64_t groups = (a.rows + rows_per_block - 1) / rows_per_block;
   *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
   const size_t smem = static_cast<size_t>(rows_per_block * a.C) * sizeof(float);
   switch (rows_per_block) {
-    case 4: HcNormInjectKernel<T, VEC, 4><<<*blocks, threads, smem, stream>>>(a); break;
-    case 2: HcNormInjectKernel<T, VEC, 2><<<*blocks, threads, smem, stream>>>(a); break;
-    default: HcNormInjectKernel<T, VEC, 1><<<*blocks, threads, smem, stream>>>(a); break;
+    case 4: LaunchNormInjectRows<T, VEC, 4>(a, *blocks, threads, smem, stream); break;
+    case 2: LaunchNormInjectRows<T, VEC, 2>(a, *blocks, threads, smem, stream); break;
+    default: LaunchNormInjectRows<T, VEC, 1>(a, *blocks, threads, smem, stream); break;
   }
 }
 
@@ -489,8 +563,15 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     }
     const SplitReduceArgs<T> reduce{down_partial, HcPartialStride(m, R), range.splits, hidden + r0 * R, m * R,
                                     p.silu_alpha};
-    reduce_blocks = ElementwiseBlocks(m * R);
-    HcSplitReduceKernel<T><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
+    // 4 outputs a thread where they divide m * R (partial slices start 256-byte aligned; hidden + r0 * R
+    // is 8-byte aligned when R * sizeof(T) is, for every chunk)
+    const bool vec4 = (m * R) % 4 == 0 && AlignmentOf(hidden + r0 * R) >= 4 * sizeof(T);
+    reduce_blocks = ElementwiseBlocks(m * R / (vec4 ? 4 : 1));
+    if (vec4) {
+      HcSplitReduceKernel<T, 4><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
+    } else {
+      HcSplitReduceKernel<T, 1><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
+    }
     if (auto s = CudaFailure("HcSplitReduceKernel", cudaGetLastError()); !s.ok()) return s;
   }
 
