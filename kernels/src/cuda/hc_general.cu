@@ -470,37 +470,37 @@ ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size
   return l;
 }
 
-// Rows per block of HcNormInjectKernel: more rows per block once there are blocks enough to fill the
-// GPU (the choice changes no bit, see the kernel).
+// Rows per block of HcNormInjectKernel (C = 4): more rows per block once there are blocks enough to
+// fill the GPU (the choice changes no bit, see the kernel).
 int NormRowsPerBlock(int64_t rows) { return rows >= 2048 ? 4 : rows >= 512 ? 2 : 1; }
 
-// C = 4 with 16-byte loadable inject_weight rows runs the compile-time-C kernel (same bits).
+// C = 4 with 16-byte loadable inject_weight rows runs the compile-time-C kernel, ROWS rows a block;
+// any other C the generic kernel, one row a block (same bits either way).
 template <typename T, int VEC>
 bool NormInjectFixedC(const NormArgs<T>& a) {
-  return a.C == 4 && (VEC * 4 * sizeof(T)) % 16 == 0 && AlignmentOf(a.inject_weight) >= 16;
-}
-
-template <typename T, int VEC, int ROWS>
-void LaunchNormInjectRows(const NormArgs<T>& a, unsigned blocks, int threads, size_t smem, cudaStream_t stream) {
   if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
-    if (NormInjectFixedC<T, VEC>(a)) {
-      HcNormInjectKernel<T, VEC, ROWS, 4><<<blocks, threads, smem, stream>>>(a);
-      return;
-    }
+    return a.C == 4 && AlignmentOf(a.inject_weight) >= 16;
   }
-  HcNormInjectKernel<T, VEC, ROWS, 0><<<blocks, threads, smem, stream>>>(a);
+  return false;
 }
 
 template <typename T, int VEC>
-void LaunchNormInject(const NormArgs<T>& a, int rows_per_block, int threads, cudaStream_t stream, unsigned* blocks) {
-  const int64_t groups = (a.rows + rows_per_block - 1) / rows_per_block;
+void LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, int threads, cudaStream_t stream, unsigned* blocks) {
+  const bool fixed_c = NormInjectFixedC<T, VEC>(a);
+  if (!fixed_c) *rows_per_block = 1;
+  const int64_t groups = (a.rows + *rows_per_block - 1) / *rows_per_block;
   *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
-  const size_t smem = static_cast<size_t>(rows_per_block * a.C) * sizeof(float);
-  switch (rows_per_block) {
-    case 4: LaunchNormInjectRows<T, VEC, 4>(a, *blocks, threads, smem, stream); break;
-    case 2: LaunchNormInjectRows<T, VEC, 2>(a, *blocks, threads, smem, stream); break;
-    default: LaunchNormInjectRows<T, VEC, 1>(a, *blocks, threads, smem, stream); break;
+  const size_t smem = static_cast<size_t>(*rows_per_block * a.C) * sizeof(float);
+  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
+    if (fixed_c) {
+      switch (*rows_per_block) {
+        case 4: HcNormInjectKernel<T, VEC, 4, 4><<<*blocks, threads, smem, stream>>>(a); return;
+        case 2: HcNormInjectKernel<T, VEC, 2, 4><<<*blocks, threads, smem, stream>>>(a); return;
+        default: HcNormInjectKernel<T, VEC, 1, 4><<<*blocks, threads, smem, stream>>>(a); return;
+      }
+    }
   }
+  HcNormInjectKernel<T, VEC, 1, 0><<<*blocks, threads, smem, stream>>>(a);
 }
 
 }  // namespace
@@ -534,13 +534,13 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
                          t.streams_out, hn, t.post_gate, rows, C, H, p.epsilon, p.gate_div, p.gate_mul};
   const int norm_vec = PickVec<T>(H, {t.streams, t.norm_scale, t.prev_block_output, t.streams_out, hn});
   const int norm_threads = NormThreads(H, norm_vec);
-  const int norm_rows = NormRowsPerBlock(rows);
+  int norm_rows = NormRowsPerBlock(rows);  // 1 where the generic-C kernel runs
   unsigned norm_blocks = 0;
   switch (norm_vec) {
-    case 8: LaunchNormInject<T, 8>(norm, norm_rows, norm_threads, stream, &norm_blocks); break;
-    case 4: LaunchNormInject<T, 4>(norm, norm_rows, norm_threads, stream, &norm_blocks); break;
-    case 2: LaunchNormInject<T, 2>(norm, norm_rows, norm_threads, stream, &norm_blocks); break;
-    default: LaunchNormInject<T, 1>(norm, norm_rows, norm_threads, stream, &norm_blocks); break;
+    case 8: LaunchNormInject<T, 8>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
+    case 4: LaunchNormInject<T, 4>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
+    case 2: LaunchNormInject<T, 2>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
+    default: LaunchNormInject<T, 1>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
   }
   if (auto s = CudaFailure("HcNormInjectKernel", cudaGetLastError()); !s.ok()) return s;
 
