@@ -104,23 +104,31 @@ __device__ __forceinline__ void BlockSums(float (&v)[N], float* scratch) {
   }
 }
 
-// Branches of one pass-1 round of HcNormInjectKernel: their loads overlap, one barrier per round.
+// Branches of one pass-1 round of HcNormInjectKernel: one barrier per round.
 constexpr int kBranchGroup = 8;
 
 // ROWS consecutive rows per block (row-group-stride loop; a short last group repeats its last row,
 // computed but never stored).
 // Pass 1, per round of kBranchGroup branches: forms S, writes streams_out and sums S^2 per thread
-// (sequential), then per branch a warp butterfly whose warp sums lane 0 parks in shared memory; after
-// the round's barrier the warp sums are added in warp order (BlockSum's order) into 1 / rms.
-// Pass 2 forms S again, writes hn and accumulates inject[c'] = sum_k hn[k] * inject_weight[k, c'] per
-// thread in the fixed order (branch, h, j), then BlockSum's order; post_gate from the rounded inject.
+// and branch (sequential over h, j), then per branch a warp butterfly whose warp sums lane 0 parks in
+// shared memory; after the round's barrier the warp sums are added in warp order (BlockSum's order)
+// into 1 / rms.
+// Pass 2 forms S again and writes hn; per thread and branch c, part_c[c'] = sum over its h, j of
+// hn[k] * inject_weight[k, c'] (sequential, from 0); inject[c'] = part_0 + part_1 + ... in branch order,
+// then BlockSum's order; post_gate from the rounded inject.
 // CC = C known at compile time (4: the real shape; its inject_weight rows load as 16-byte vectors),
-// or 0 for any C (scalar loads, kInjectGroup columns per pass). ROWS and CC only change how loads are
-// issued and amortized: a row's operations, and so its bits, are the same for every ROWS, CC and row count.
+// or 0 for any C (scalar loads, kInjectGroup columns per pass). BR branches (of CC) are loaded before
+// any is stored, so ROWS * BR loads of S are in flight per thread (stores may alias the loads, so the
+// compiler cannot hoist later loads above them); two blocks of 256 threads stay resident per SM. ROWS, CC and BR only change how loads are issued and
+// amortized: a row's operations, and so its bits, are the same for every ROWS, CC and row count.
 template <typename T, int VEC, int ROWS, int CC>
-__global__ void __launch_bounds__(kMaxNormThreads) HcNormInjectKernel(NormArgs<T> a) {
+__global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArgs<T> a) {
+  // two branches a step with one row a block, one otherwise (more would cost residency: <= 128 registers)
+  constexpr int BR = CC > 0 && ROWS == 1 ? 2 : 1;
+  static_assert(CC == 0 || CC % BR == 0, "BR divides CC");
+  constexpr int Q = CC > 0 ? CC : kInjectGroup;  // inject columns per pass
   __shared__ float warp_sums[ROWS * kBranchGroup * 32];
-  __shared__ float inject_scratch[ROWS * kInjectGroup * 32];
+  __shared__ float inject_scratch[ROWS * Q * 32];
   extern __shared__ float inv_rms[];  // [ROWS][C]
   const int64_t C = CC > 0 ? CC : a.C;
   const int64_t width = C * a.H;
@@ -139,25 +147,41 @@ __global__ void __launch_bounds__(kMaxNormThreads) HcNormInjectKernel(NormArgs<T
     }
     for (int64_t b0 = 0; b0 < C; b0 += kBranchGroup) {
       const int64_t branches = std::min<int64_t>(kBranchGroup, C - b0);
-#pragma unroll 4
-      for (int64_t cb = 0; cb < branches; ++cb) {
-        const int64_t c = b0 + cb;
-        float sum_sq[ROWS];
+      for (int64_t cb = 0; cb < branches; cb += BR) {
+        float sum_sq[BR][ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) sum_sq[r] = 0.0f;
+        for (int b = 0; b < BR; ++b) {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) sum_sq[b][r] = 0.0f;
+        }
         for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
+          Vec<T, VEC> s[BR][ROWS];
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) {
-            const Vec<T, VEC> s = LoadS<T, VEC>(a, row[r], c, h);
-            if (a.streams_out != nullptr && live[r]) StoreVec<T, VEC>(a.streams_out + row[r] * width + c * a.H + h, s);
+          for (int b = 0; b < BR; ++b) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) sum_sq[r] = MulAdd(ToFloat(s.v[j]), ToFloat(s.v[j]), sum_sq[r]);
+            for (int r = 0; r < ROWS; ++r) s[b][r] = LoadS<T, VEC>(a, row[r], b0 + cb + b, h);
+          }
+#pragma unroll
+          for (int b = 0; b < BR; ++b) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+              if (a.streams_out != nullptr && live[r]) {
+                StoreVec<T, VEC>(a.streams_out + row[r] * width + (b0 + cb + b) * a.H + h, s[b][r]);
+              }
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+                sum_sq[b][r] = MulAdd(ToFloat(s[b][r].v[j]), ToFloat(s[b][r].v[j]), sum_sq[b][r]);
+              }
+            }
           }
         }
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          const float v = WarpSum(sum_sq[r]);
-          if (lane == 0) warp_sums[(r * kBranchGroup + cb) * 32 + warp] = v;
+        for (int b = 0; b < BR; ++b) {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            const float v = WarpSum(sum_sq[b][r]);
+            if (lane == 0) warp_sums[(r * kBranchGroup + cb + b) * 32 + warp] = v;
+          }
         }
       }
       __syncthreads();
@@ -172,66 +196,90 @@ __global__ void __launch_bounds__(kMaxNormThreads) HcNormInjectKernel(NormArgs<T
       }
       __syncthreads();  // inv_rms of the round written; warp_sums free for the next round
     }
-    for (int64_t c0 = 0; c0 < C; c0 += kInjectGroup) {
-      const int cols = CC > 0 ? CC : static_cast<int>(std::min<int64_t>(kInjectGroup, C - c0));
-      float acc[ROWS * kInjectGroup];
+    for (int64_t c0 = 0; c0 < C; c0 += Q) {
+      const int cols = CC > 0 ? CC : static_cast<int>(std::min<int64_t>(Q, C - c0));
+      float acc[ROWS * Q];
 #pragma unroll
-      for (int i = 0; i < ROWS * kInjectGroup; ++i) acc[i] = 0.0f;
-#pragma unroll 4
-      for (int64_t c = 0; c < C; ++c) {
+      for (int i = 0; i < ROWS * Q; ++i) acc[i] = 0.0f;
+      for (int64_t c = 0; c < C; c += BR) {
+        float part[BR][ROWS * Q];  // per branch, summed from 0 (the same whatever BR)
+#pragma unroll
+        for (int b = 0; b < BR; ++b) {
+#pragma unroll
+          for (int i = 0; i < ROWS * Q; ++i) part[b][i] = 0.0f;
+        }
         for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-          const Vec<T, VEC> scale = LoadVec<T, VEC>(a.norm_scale + c * a.H + h);
-          Vec<T, VEC> hn[ROWS];
+          // the thread's VEC rows of inject_weight are VEC * CC contiguous elements, 16-byte aligned (CC > 0)
+          constexpr int kChunk = 16 / static_cast<int>(sizeof(T));
+          constexpr int kWeightVecs = CC > 0 ? VEC * CC / kChunk : 1;
+          static_assert(CC == 0 || (VEC * CC) % kChunk == 0, "CC > 0 needs VEC * CC * sizeof(T) to be a multiple of 16");
+          Vec<T, VEC> scale[BR];
+          Vec<T, VEC> s[BR][ROWS];
+          Vec<T, kChunk> wv[BR][kWeightVecs];
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) {
-            const Vec<T, VEC> s = LoadS<T, VEC>(a, row[r], c, h);
-            const float inv = inv_rms[r * C + c];
+          for (int b = 0; b < BR; ++b) {  // every load of the step before any store
+            scale[b] = LoadVec<T, VEC>(a.norm_scale + (c + b) * a.H + h);
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              hn[r].v[j] = FromFloat<T>(NormalizeHn(ToFloat(s.v[j]), inv, ToFloat(scale.v[j])));  // rounding point: hn
+            for (int r = 0; r < ROWS; ++r) s[b][r] = LoadS<T, VEC>(a, row[r], c + b, h);
+            if constexpr (CC > 0) {
+              const T* w = a.inject_weight + ((c + b) * a.H + h) * C;
+#pragma unroll
+              for (int i = 0; i < kWeightVecs; ++i) wv[b][i] = LoadVec<T, kChunk>(w + i * kChunk);
             }
-            if (c0 == 0 && live[r]) StoreVec<T, VEC>(a.hn + row[r] * width + c * a.H + h, hn[r]);
           }
-          const T* w = a.inject_weight + (c * a.H + h) * C + c0;  // inject_weight[c*H + h, c0]
-          if constexpr (CC > 0) {
-            // the thread's VEC rows of inject_weight are VEC * CC contiguous elements, 16-byte aligned
-            constexpr int kChunk = 16 / static_cast<int>(sizeof(T));
-            static_assert((VEC * CC) % kChunk == 0, "CC > 0 needs VEC * CC * sizeof(T) to be a multiple of 16");
-            Vec<T, kChunk> wv[VEC * CC / kChunk];
 #pragma unroll
-            for (int i = 0; i < VEC * CC / kChunk; ++i) wv[i] = LoadVec<T, kChunk>(w + i * kChunk);
+          for (int b = 0; b < BR; ++b) {
+            const T* w = a.inject_weight + ((c + b) * a.H + h) * C + c0;  // inject_weight[(c+b)*H + h, c0]
+            Vec<T, VEC> hn[ROWS];
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
+            for (int r = 0; r < ROWS; ++r) {
+              const float inv = inv_rms[r * C + c + b];
 #pragma unroll
-              for (int q = 0; q < CC; ++q) {
-                const float wq = ToFloat(wv[(j * CC + q) / kChunk].v[(j * CC + q) % kChunk]);
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) acc[r * kInjectGroup + q] = fmaf(ToFloat(hn[r].v[j]), wq, acc[r * kInjectGroup + q]);
+              for (int j = 0; j < VEC; ++j) {
+                // rounding point: hn
+                hn[r].v[j] = FromFloat<T>(NormalizeHn(ToFloat(s[b][r].v[j]), inv, ToFloat(scale[b].v[j])));
               }
+              if (c0 == 0 && live[r]) StoreVec<T, VEC>(a.hn + row[r] * width + (c + b) * a.H + h, hn[r]);
             }
-          } else {
+            if constexpr (CC > 0) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
+              for (int j = 0; j < VEC; ++j) {
 #pragma unroll
-              for (int q = 0; q < kInjectGroup; ++q) {
-                if (q < cols) {
-                  const float wq = ToFloat(w[j * C + q]);
+                for (int q = 0; q < CC; ++q) {
+                  const float wq = ToFloat(wv[b][(j * CC + q) / kChunk].v[(j * CC + q) % kChunk]);
 #pragma unroll
-                  for (int r = 0; r < ROWS; ++r) acc[r * kInjectGroup + q] = fmaf(ToFloat(hn[r].v[j]), wq, acc[r * kInjectGroup + q]);
+                  for (int r = 0; r < ROWS; ++r) part[b][r * Q + q] = fmaf(ToFloat(hn[r].v[j]), wq, part[b][r * Q + q]);
+                }
+              }
+            } else {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+#pragma unroll
+                for (int q = 0; q < Q; ++q) {
+                  if (q < cols) {
+                    const float wq = ToFloat(w[j * C + q]);
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) part[b][r * Q + q] = fmaf(ToFloat(hn[r].v[j]), wq, part[b][r * Q + q]);
+                  }
                 }
               }
             }
           }
         }
+#pragma unroll
+        for (int b = 0; b < BR; ++b) {
+#pragma unroll
+          for (int i = 0; i < ROWS * Q; ++i) acc[i] = __fadd_rn(acc[i], part[b][i]);  // branch order
+        }
       }
-      BlockSums<ROWS * kInjectGroup>(acc, inject_scratch);
+      BlockSums<ROWS * Q>(acc, inject_scratch);
       if (threadIdx.x == 0) {
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
-          for (int q = 0; q < kInjectGroup; ++q) {
+          for (int q = 0; q < Q; ++q) {
             if (q < cols && live[r]) {
-              const float inject = RoundToT<T>(acc[r * kInjectGroup + q]);  // rounding point: inject
+              const float inject = RoundToT<T>(acc[r * Q + q]);  // rounding point: inject
               // rounding point: post_gate
               a.post_gate[row[r] * C + c0 + q] = FromFloat<T>(PostGate(inject, a.gate_div, a.gate_mul));
             }
