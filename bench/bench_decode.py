@@ -7,14 +7,19 @@ as the stand-in for the sublayer between two blocks, prev_block_output = pre_out
 itself (no node in between, so the timing is the blocks' alone). Block 0 has no prologue.
 
 Variants, all in one run: the fused op on its fast path and on its general path
-(HCFUSE_FORCE_PATH, read when the session creates its kernels), and the stock unfused chain
-(hcfuse.unfuse of the same model: the contrib ops and MatMul/Sigmoid/Div/Mul on CUDA).
+(HCFUSE_FORCE_PATH, read when the session creates its kernels), on the path it picks itself ("auto":
+the fast path up to 16 rows, the general path's few-row or prefill range above), and the stock unfused
+chain (hcfuse.unfuse of the same model: the contrib ops and MatMul/Sigmoid/Div/Mul on CUDA).
 Each session runs under CUDA graphs with IO binding (one captured graph per row count,
 `gpu_graph_id`). us per block = slope between the 96- and 48-block chains, each the best of
-`--reps` repetitions of `--replays` replays (3 repetitions where one replay takes over --slow-ms). Writes a markdown table, a CSV and a PNG plot
-(us per block vs rows, with the bandwidth floor) into --out.
+`--reps` repetitions of `--replays` replays (3 repetitions where one replay takes over --slow-ms;
+fewer replays where a repetition would take over --rep-ms, at least 2). Writes a markdown table, a CSV
+and a PNG plot (us per block vs rows, with the memory floor - weights and activations once at
+4.24 TB/s - and the compute floor - 2 (2 K R + K C) flops per row at the matrix rate) into --out.
 
-    python3 bench/bench_decode.py --out bench/out   # on a GPU machine with onnxruntime-gpu and a CUDA build
+    python3 bench/bench_decode.py --out bench/out   # decode: 1-64 rows, fast/general/stock
+    python3 bench/bench_decode.py --out bench/prefill --dtypes bf16 fp16 fp32 --variants auto stock \
+        --rows 1 2 4 8 16 32 64 128 256 512 1024 2048 4096 8192 16384   # the prefill curve
 """
 
 from __future__ import annotations
@@ -41,9 +46,14 @@ from hcfuse.models.hc_block import random_weights  # noqa: E402
 C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]
 ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
 WEIGHT_SETS = 8
-COPY_BANDWIDTH = 4.2e12  # bytes/s, device-to-device copy on this H200 (read + write)
-DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float16, TensorProto.FLOAT16)}
+MEMORY_BANDWIDTH = 4.24e12  # bytes/s, device-to-device copy on the H200 measured (read + write)
+# Matrix rate of the products, flop/s: dense bf16/fp16 with fp32 accumulation as measured on the H200;
+# float32 runs cuBLASLt's fp32 (no TF32) GEMMs: the H200's fp32 vector peak.
+MATRIX_RATE = {"bf16": 790e12, "fp16": 790e12, "fp32": 67e12}
+DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float16, TensorProto.FLOAT16),
+          "fp32": (np.float32, TensorProto.FLOAT)}
 VARIANTS = ("fast", "general", "stock")
+OURS = ("auto", "fast", "general")  # the first of these a row has is hcfuse's figure in the table
 # Extra variants "fast@SS,HID[,CL]": the fast path with HCFUSE_FAST_SS_LOCAL_ROWS=SS,
 # HCFUSE_FAST_HIDDEN_LOCAL_ROWS=HID and HCFUSE_FAST_CLUSTER=CL (how its work is split).
 TUNING_ENV = ("HCFUSE_FAST_SS_LOCAL_ROWS", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS", "HCFUSE_FAST_CLUSTER")
@@ -114,7 +124,7 @@ class ChainRunner:
             so.register_custom_ops_library(hcfuse.get_library_path())
             path, _, tuning = variant.partition("@")
             path, _, design = path.partition("/")
-            env["HCFUSE_FORCE_PATH"] = path
+            env["HCFUSE_FORCE_PATH"] = "" if path == "auto" else path  # empty: the op picks
             if design in ("batched", "unbatched"):  # the cluster design with or without stage 1's batched loads
                 env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1" if design == "batched" else "0")
             elif design:
@@ -132,7 +142,7 @@ class ChainRunner:
         self.outputs = [o.name for o in self.sess.get_outputs()]
         self.bindings: dict[int, tuple] = {}
 
-    def time_us(self, rows: int, graph_id: int, reps: int, replays: int, slow_s: float, rng) -> float:
+    def time_us(self, rows: int, graph_id: int, reps: int, replays: int, slow_s: float, rep_s: float, rng) -> float:
         """Best over reps of the mean time of one replay, in us (the first run captures the graph)."""
         ort = self.ort
         if rows not in self.bindings:
@@ -151,8 +161,10 @@ class ChainRunner:
             self.sess.run_with_iobinding(io, opts)
         t0 = time.perf_counter()
         self.sess.run_with_iobinding(io, opts)
-        if time.perf_counter() - t0 > slow_s:  # keeps the whole run within a few minutes
+        one = time.perf_counter() - t0
+        if one > slow_s:  # keeps the whole run within a few minutes
             reps = min(reps, SLOW_REPS)
+        replays = max(2, min(replays, int(rep_s / one)))
         best = float("inf")
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -175,7 +187,21 @@ def floor_us(rows: int, itemsize: int) -> float:
     K = C * H
     weights = (2 * K * R + K * C + K) * itemsize
     acts = rows * (2 * K + 2 * H + 2 * C) * itemsize
-    return (weights + acts) / COPY_BANDWIDTH * 1e6
+    return (weights + acts) / MEMORY_BANDWIDTH * 1e6
+
+
+def compute_floor_us(rows: int, dt: str) -> float:
+    """The block's products (down, up, inject: 2 (2 K R + K C) flops a row, 13.2 M) at the matrix rate."""
+    K = C * H
+    return rows * 2 * (2 * K * R + K * C) / MATRIX_RATE[dt] * 1e6
+
+
+def ours(r: dict) -> float:
+    """hcfuse's figure of a result row: auto where measured, else fast, else general."""
+    for key in OURS:
+        if key in r and not np.isnan(r[key]):
+            return r[key]
+    return float("nan")
 
 
 def write_outputs(results: list[dict], out: Path, meta: str) -> None:
@@ -184,24 +210,29 @@ def write_outputs(results: list[dict], out: Path, meta: str) -> None:
         w = csv.DictWriter(f, fieldnames=list(results[0]))
         w.writeheader()
         w.writerows(results)
-    extra = [k for k in results[0] if "@" in k or "/" in k or k == "matmul"]  # fast/DESIGN, fast@SS,HID, matmul
-    lines = [f"# HyperConnectionLowRankMix decode benchmark ({meta})", "",
-             "us per block (slope 96 vs 48 blocks); floor = weights + activations once at 4.2 TB/s;",
-             "fraction = floor / fast; speedup = stock / fast.", "",
-             "| dtype | rows | fast | general | stock | floor | fraction of floor | speedup vs stock |"
-             + "".join(f" {k} |" for k in extra),
-             "|---|---|---|---|---|---|---|---|" + "---|" * len(extra)]
+    variants = [k for k in results[0] if k not in ("dtype", "rows", "floor", "compute_floor", "matmul")]
+    lines = [f"# HyperConnectionLowRankMix benchmark ({meta})", "",
+             "us per block (slope 96 vs 48 blocks); memory floor = weights + activations once at 4.24 TB/s;",
+             "compute floor = the products at the matrix rate; hcfuse = auto, else fast, else general;",
+             "fraction = max(floors) / hcfuse; speedup = stock / hcfuse.", "",
+             "| dtype | rows |" + "".join(f" {k} |" for k in variants)
+             + " memory floor | compute floor | fraction of floor | speedup vs stock |",
+             "|---|---|" + "---|" * len(variants) + "---|---|---|---|"]
+
     def us(v: float) -> str:
         return "n/a" if np.isnan(v) else f"{v:.2f}"
 
-    if "matmul" in extra:  # real-model variant: what the blocks add to the MatMuls alone
-        lines[-2] += " fast over matmul | stock over matmul |"
-        lines[-1] += "---|---|"
+    if "matmul" in results[0]:  # real-model variant: what the blocks add to the MatMuls alone
+        lines[-2] += " matmul | hcfuse over matmul | stock over matmul |"
+        lines[-1] += "---|---|---|"
     for r in results:
-        over = (f" {us(r['fast'] - r['matmul'])} | {us(r['stock'] - r['matmul'])} |" if "matmul" in extra else "")
-        lines.append(f"| {r['dtype']} | {r['rows']} | {us(r['fast'])} | {us(r['general'])} | {us(r['stock'])} | "
-                     f"{r['floor']:.2f} | {r['floor'] / r['fast']:.0%} | {r['stock'] / r['fast']:.1f}x |"
-                     + "".join(f" {us(r[k])} |" for k in extra) + over)
+        mine, stock = ours(r), r.get("stock", float("nan"))
+        over = (f" {us(r['matmul'])} | {us(mine - r['matmul'])} | {us(stock - r['matmul'])} |"
+                if "matmul" in r else "")
+        bound = max(r["floor"], r["compute_floor"])
+        lines.append(f"| {r['dtype']} | {r['rows']} |" + "".join(f" {us(r[k])} |" for k in variants)
+                     + f" {r['floor']:.2f} | {r['compute_floor']:.2f} | {bound / mine:.0%} | {stock / mine:.2f}x |"
+                     + over)
     (out / "decode.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, out / "decode.png")
@@ -217,15 +248,23 @@ def plot(results: list[dict], path: Path) -> None:
         print("bench_decode: matplotlib missing; plot later with --plot-from", path.parent / "decode.csv")
         return
     dtypes = sorted({r["dtype"] for r in results})
+    variants = [k for k in results[0] if k not in ("dtype", "rows", "floor", "compute_floor")]
+    styles = {"stock": "s-", "general": "^-", "fast": "o-", "auto": "o-", "matmul": "x-"}
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
     for ax, dt in zip(axes[0], dtypes):
         rs = [r for r in results if r["dtype"] == dt]
         rows = [r["rows"] for r in rs]
-        for key, style in (("stock", "s-"), ("general", "^-"), ("fast", "o-"), ("floor", "k--")):
-            ax.plot(rows, [r[key] for r in rs], style, label="bandwidth floor" if key == "floor" else key)
+        for key in variants:
+            if not all(np.isnan(r[key]) for r in rs):
+                ax.plot(rows, [r[key] for r in rs], styles.get(key, ".-"), label=f"hcfuse {key}" if key != "stock" else key)
+        ax.plot(rows, [r["floor"] for r in rs], "k--", label="memory floor (4.24 TB/s)")
+        ax.plot(rows, [r["compute_floor"] for r in rs], "k:", label="compute floor")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(rows, [str(x) for x in rows])
-        ax.set_ylim(bottom=0)
+        ax.set_xticks(rows, [str(x) for x in rows], rotation=45 if len(rows) > 8 else 0)
+        if max(rows) / min(rows) > 64:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
         ax.set_xlabel("rows")
         ax.set_ylabel("us per block")
         ax.set_title(f"{dt}: C={C}, H={H}, R={R}, H200, CUDA graphs")
@@ -240,13 +279,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("bench/out"))
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
-    ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS),
                     help=f"any of {', '.join(VARIANTS)}, or fast@SS,HID (the fast path with a work split)")
     ap.add_argument("--blocks", type=int, nargs=2, default=[48, 96], metavar=("SHORT", "LONG"))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--slow-ms", type=float, default=3.0, help=f"replays slower than this get {SLOW_REPS} repetitions")
+    ap.add_argument("--rep-ms", type=float, default=1e9,
+                    help="fewer replays (at least 2) where one repetition would take longer than this")
     ap.add_argument("--sublayer", action="store_true",
                     help="real-model variant: an H x H MatMul between blocks; adds the 'matmul' variant (the "
                          "MatMuls alone) and the blocks' cost over it")
@@ -281,7 +322,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 runner = ChainRunner(ort, model, variant, elem, dtype)
                 for gid, rows in enumerate(args.rows):
-                    times[variant, n, rows] = runner.time_us(rows, gid, args.reps, args.replays, args.slow_ms * 1e-3, rng)
+                    times[variant, n, rows] = runner.time_us(rows, gid, args.reps, args.replays, args.slow_ms * 1e-3,
+                                                             args.rep_ms * 1e-3, rng)
                     runner.check_finite(rows)
                 print(f"{dt} {variant:7s} {n:3d} blocks: " +
                       " ".join(f"{r}:{times[variant, n, r]:.0f}" for r in args.rows) +
@@ -289,14 +331,15 @@ def main() -> None:
                 del runner
         for rows in args.rows:
             rec = {"dtype": dt, "rows": rows}
-            for variant in dict.fromkeys([*VARIANTS, *variants]):
-                rec[variant] = ((times[variant, long_, rows] - times[variant, short, rows]) / (long_ - short)
-                                if variant in variants else float("nan"))
+            for variant in variants:
+                rec[variant] = (times[variant, long_, rows] - times[variant, short, rows]) / (long_ - short)
             rec["floor"] = floor_us(rows, np.dtype(dtype).itemsize)
+            rec["compute_floor"] = compute_floor_us(rows, dt)
             results.append(rec)
         meta = (("real-model variant (H x H MatMul between blocks; 'matmul' = the MatMuls alone), " if args.sublayer
                  else "") + f"onnxruntime {ort.__version__}, {short}/{long_} blocks, best of {args.reps} x {args.replays} replays "
-                f"({SLOW_REPS} x {args.replays} where a replay takes over {args.slow_ms:g} ms)")
+                f"({SLOW_REPS} x where a replay takes over {args.slow_ms:g} ms; replays cut to fit {args.rep_ms:g} ms "
+                "a repetition, at least 2)")
         write_outputs(results, args.out, meta)  # after each dtype, so a cut-short run keeps what it measured
 
 

@@ -103,7 +103,7 @@ V AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribute
 }  // namespace
 
 bool HcLtGemm::ValidForAllRows(const Key& key, Plan& plan, const cublasLtMatmulAlgo_t& algo) {
-  const auto [ab_type, cd_type, N, K, splits, align_act, align_weight, align_out] = key;
+  const auto [ab_type, cd_type, N, K, splits, plan_rows, align_act, align_weight, align_out] = key;
   for (int64_t M : kProbeRows) {
     RowLayouts rows;
     cublasLtMatmulHeuristicResult_t check = {};
@@ -135,11 +135,10 @@ cublasStatus_t HcLtGemm::EnsureHandle() {
 }
 
 cublasStatus_t HcLtGemm::BuildPlan(const Key& key, Plan& plan) {
-  const auto [ab_type, cd_type, N, K, splits, align_act, align_weight, align_out] = key;
+  const auto [ab_type, cd_type, N, K, splits, plan_rows, align_act, align_weight, align_out] = key;
   HC_LT_RETURN_IF_ERROR(InitDesc(&plan.desc));
   HC_LT_RETURN_IF_ERROR(InitWeightLayout(&plan.weight, static_cast<cudaDataType_t>(ab_type), N, K, splits));
   RowLayouts rows;
-  const int64_t plan_rows = splits > 1 ? kSplitPlanRows : kPlanRows;
   HC_LT_RETURN_IF_ERROR(InitRowLayouts(&rows, static_cast<cudaDataType_t>(ab_type),
                                        static_cast<cudaDataType_t>(cd_type), plan_rows, N, K, splits));
   Preference pref;
@@ -184,10 +183,10 @@ cublasStatus_t HcLtGemm::BuildPlan(const Key& key, Plan& plan) {
     }
     if (debug_) {
       std::fprintf(stderr,
-                   "hcfuse: HyperConnectionLowRankMix general path GEMM N=%lld K=%lld splits=%lld type=%d out "
-                   "type=%d: cuBLASLt algo id %u tile %u stages %u split-k %u (pinned for every row count)\n",
-                   static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(splits), ab_type,
-                   cd_type, AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_ID, 0),
+                   "hcfuse: HyperConnectionLowRankMix general path GEMM N=%lld K=%lld splits=%lld plan M=%lld type=%d "
+                   "out type=%d: cuBLASLt algo id %u tile %u stages %u split-k %u (pinned for every row count)\n",
+                   static_cast<long long>(N), static_cast<long long>(K), static_cast<long long>(splits),
+                   static_cast<long long>(plan_rows), ab_type, cd_type, AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_ID, 0),
                    AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, 0),
                    AlgoConfig<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, 0), split_k);
     }
@@ -224,30 +223,31 @@ cublasStatus_t HcLtGemm::GetPlan(const Key& key, const Plan** out) {
 }
 
 template <typename T, typename Out>
-HcLtGemm::Key HcLtGemm::MakeKey(const T* act, const T* weight, const Out* out, int64_t N, int64_t K, int64_t splits) {
-  return Key{static_cast<int>(kCudaType<T>), static_cast<int>(kCudaType<Out>), N, K, splits,
+HcLtGemm::Key HcLtGemm::MakeKey(const T* act, const T* weight, const Out* out, int64_t N, int64_t K, int64_t splits,
+                                int64_t plan_rows) {
+  return Key{static_cast<int>(kCudaType<T>), static_cast<int>(kCudaType<Out>), N, K, splits, plan_rows,
              AlignmentOf(act), AlignmentOf(weight), AlignmentOf(out)};
 }
 
 template <typename T, typename Out>
 cublasStatus_t HcLtGemm::Availability(const T* act, const T* weight, const Out* out, int64_t N, int64_t K,
-                                      int64_t splits, bool* available) {
+                                      int64_t splits, int64_t plan_rows, bool* available) {
   std::lock_guard<std::mutex> lock(mu_);
   HC_LT_RETURN_IF_ERROR(EnsureHandle());
   const Plan* plan = nullptr;
-  HC_LT_RETURN_IF_ERROR(GetPlan(MakeKey(act, weight, out, N, K, splits), &plan));
+  HC_LT_RETURN_IF_ERROR(GetPlan(MakeKey(act, weight, out, N, K, splits, plan_rows), &plan));
   *available = plan->has_algo;
   return CUBLAS_STATUS_SUCCESS;
 }
 
 template <typename T, typename Out>
 cublasStatus_t HcLtGemm::Matmul(const T* act, const T* weight, Out* out, int64_t M, int64_t N, int64_t K,
-                                int64_t splits, void* workspace, cudaStream_t stream) {
+                                int64_t splits, int64_t plan_rows, void* workspace, cudaStream_t stream) {
   if (splits < 1 || K % splits != 0) return CUBLAS_STATUS_INVALID_VALUE;
   std::lock_guard<std::mutex> lock(mu_);  // held through cublasLtMatmul: it reads the plan's descriptors
   HC_LT_RETURN_IF_ERROR(EnsureHandle());
   const Plan* plan = nullptr;
-  HC_LT_RETURN_IF_ERROR(GetPlan(MakeKey(act, weight, out, N, K, splits), &plan));
+  HC_LT_RETURN_IF_ERROR(GetPlan(MakeKey(act, weight, out, N, K, splits, plan_rows), &plan));
   if (!plan->has_algo) return CUBLAS_STATUS_NOT_SUPPORTED;  // callers ask Available() first
   RowLayouts rows;
   HC_LT_RETURN_IF_ERROR(InitRowLayouts(&rows, kCudaType<T>, kCudaType<Out>, M, N, K, splits));
@@ -261,35 +261,36 @@ cublasStatus_t HcLtGemm::Matmul(const T* act, const T* weight, Out* out, int64_t
 
 template <typename T>
 cublasStatus_t HcLtGemm::Available(const T* act, const T* weight, const T* out, int64_t N, int64_t K,
-                                   bool* available) {
-  return Availability<T, T>(act, weight, out, N, K, 1, available);
+                                   bool* available, int64_t plan_rows) {
+  return Availability<T, T>(act, weight, out, N, K, 1, plan_rows, available);
 }
 
 template <typename T>
 cublasStatus_t HcLtGemm::AvailableSplit(const T* act, const T* weight, const float* partial, int64_t N, int64_t K,
-                                        int64_t splits, bool* available) {
-  return Availability<T, float>(act, weight, partial, N, K, splits, available);
+                                        int64_t splits, bool* available, int64_t plan_rows) {
+  return Availability<T, float>(act, weight, partial, N, K, splits, plan_rows, available);
 }
 
 template <typename T>
 cublasStatus_t HcLtGemm::Run(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K,
-                             void* workspace, cudaStream_t stream) {
-  return Matmul<T, T>(act, weight, out, M, N, K, 1, workspace, stream);
+                             void* workspace, cudaStream_t stream, int64_t plan_rows) {
+  return Matmul<T, T>(act, weight, out, M, N, K, 1, plan_rows, workspace, stream);
 }
 
 template <typename T>
 cublasStatus_t HcLtGemm::RunSplit(const T* act, const T* weight, float* partial, int64_t M, int64_t N, int64_t K,
-                                  int64_t splits, void* workspace, cudaStream_t stream) {
-  return Matmul<T, float>(act, weight, partial, M, N, K, splits, workspace, stream);
+                                  int64_t splits, void* workspace, cudaStream_t stream, int64_t plan_rows) {
+  return Matmul<T, float>(act, weight, partial, M, N, K, splits, plan_rows, workspace, stream);
 }
 
 #define HC_INSTANTIATE_LT_GEMM(T)                                                                                   \
-  template cublasStatus_t HcLtGemm::Run<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, void*, cudaStream_t); \
-  template cublasStatus_t HcLtGemm::Available<T>(const T*, const T*, const T*, int64_t, int64_t, bool*);           \
+  template cublasStatus_t HcLtGemm::Run<T>(const T*, const T*, T*, int64_t, int64_t, int64_t, void*, cudaStream_t, \
+                                           int64_t);                                                               \
+  template cublasStatus_t HcLtGemm::Available<T>(const T*, const T*, const T*, int64_t, int64_t, bool*, int64_t);  \
   template cublasStatus_t HcLtGemm::RunSplit<T>(const T*, const T*, float*, int64_t, int64_t, int64_t, int64_t,   \
-                                                void*, cudaStream_t);                                              \
+                                                void*, cudaStream_t, int64_t);                                     \
   template cublasStatus_t HcLtGemm::AvailableSplit<T>(const T*, const T*, const float*, int64_t, int64_t, int64_t, \
-                                                      bool*);
+                                                      bool*, int64_t);
 HC_INSTANTIATE_LT_GEMM(float)
 HC_INSTANTIATE_LT_GEMM(__half)
 HC_INSTANTIATE_LT_GEMM(__nv_bfloat16)

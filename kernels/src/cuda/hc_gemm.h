@@ -6,13 +6,13 @@
 // - split (AvailableSplit/RunSplit): K cut into `splits` equal slices, chosen from K alone
 //   (HcSplitCount); ONE strided-batched matmul writes the fp32 partial sum of every slice,
 //   partial[b][m][n] = sum over k in slice b of act[m, k] * weight[k, n], and the caller adds the
-//   partials in the fixed order b = 0, 1, ... and rounds (the down and inject GEMMs). Few rows times
+//   partials in the fixed order b = 0, 1, ... and rounds (the down GEMM). Few rows times
 //   a long K run on few CTAs as one product; the slices give the GPU `splits` times more CTAs, and
 //   the split depends on K only, so a row's summation order is the same at every row count.
 //
 // Row independence: cuBLASLt's heuristic picks a different kernel (tile, split-K) per M, and a
 // different kernel may sum in a different order. HcLtGemm therefore picks ONE algorithm per
-// (types, N, K, splits, alignments) - with M fixed to the plan rows - with cuBLASLt's own split-K and
+// (types, N, K, splits, plan rows, alignments) - with M fixed to the plan rows - with cuBLASLt's own split-K and
 // every other reduction scheme excluded, and runs it for every M. cuBLASLt 13 asks even those
 // algorithms for a few bytes of workspace at some M (4 bytes were seen): the caller passes a
 // kWorkspaceBytes buffer from its scratch (ORT's allocator). A row's dot
@@ -34,26 +34,38 @@
 namespace hcfuse {
 namespace cuda {
 
-// ---- The fixed K split of the down and inject products.
+// ---- The fixed K split of the down product.
 // Slices are at least kHcSplitMinSliceK long (shorter slices would make the partials cost more
 // traffic than the product), a multiple of kHcSplitSliceMultiple elements (each batch's act and weight
 // pointer then keeps the base pointer's 16-byte alignment in every T), and there are at most
-// kHcSplitMaxSlices of them (bounds the partials per row: splits * N floats).
+// `max_slices` of them (bounds the partials per row: splits * N floats).
 inline constexpr int64_t kHcSplitMinSliceK = 256;
 inline constexpr int64_t kHcSplitSliceMultiple = 8;
 inline constexpr int64_t kHcSplitMaxSlices = 64;
 
-// Rule: the largest s <= kHcSplitMaxSlices that divides K into slices K / s that are >= 256 and a
-// multiple of 8; 1 (no split) when there is none (K < 512, or no such divisor). Depends on K alone,
-// never on M. K = 10240 (C*H of the real shape): 40 slices of 256.
-constexpr int64_t HcSplitCount(int64_t K) {
-  for (int64_t s = kHcSplitMaxSlices; s > 1; --s) {
+// Rule: the largest s <= max_slices that divides K into slices K / s that are >= 256 and a multiple
+// of 8; 1 (no split) when there is none (K < 512, or no such divisor). Depends on K alone, never on M.
+constexpr int64_t HcSplitCountUpTo(int64_t K, int64_t max_slices) {
+  for (int64_t s = max_slices; s > 1; --s) {
     if (K % s == 0 && K / s >= kHcSplitMinSliceK && (K / s) % kHcSplitSliceMultiple == 0) return s;
   }
   return 1;
 }
+// The split of the few-row range (rows < kHcPrefillMinRows): many CTAs for few rows.
+// K = 10240 (C*H of the real shape): 40 slices of 256.
+constexpr int64_t HcSplitCount(int64_t K) { return HcSplitCountUpTo(K, kHcSplitMaxSlices); }
 static_assert(HcSplitCount(10240) == 40, "the real shape's K = C*H = 10240 splits into 40 slices of 256");
 static_assert(HcSplitCount(320) == 1 && HcSplitCount(16) == 1, "short K is not split");
+
+// ---- The prefill range (rows >= kHcPrefillMinRows): enough rows that a few slices fill the GPU
+// (the real shape at 1024 rows: 8 x 3 tiles of 128 x 128 per slice), and each slice costs
+// rows * N * 8 bytes of fp32 partials (written, read back): at most kHcPrefillMaxSlices slices.
+// The boundary is above 1000 so that every row count up to 1000 shares one K split (the few-row
+// range's row independence, tests/test_kernels_cuda.py). K = 10240: 4 slices of 2560.
+inline constexpr int64_t kHcPrefillMinRows = 1024;
+inline constexpr int64_t kHcPrefillMaxSlices = 4;
+constexpr int64_t HcPrefillSplitCount(int64_t K) { return HcSplitCountUpTo(K, kHcPrefillMaxSlices); }
+static_assert(HcPrefillSplitCount(10240) == 4, "the real shape's K = 10240 splits into 4 slices of 2560 for prefill");
 
 // Floats from partial[b] to partial[b + 1] for an M x N product: M*N rounded up to 64 floats, so
 // every batch's matrix starts 256-byte aligned like the first one, whatever M.
@@ -61,10 +73,12 @@ constexpr int64_t HcPartialStride(int64_t M, int64_t N) { return (M * N + 63) / 
 
 class HcLtGemm {
  public:
-  // The M the one algorithm is chosen for (any M runs with it): plain products (the up GEMM, any
-  // row count), and split products (which exist for few rows: the general path at decode sizes).
+  // The M the one algorithm is chosen for (any M runs with it): the few-row range's plain (up) and
+  // split (down) products, and both products of the prefill range (hc_general.cu picks by range).
+  // The plan rows are part of a plan's key: each range has its own pinned algorithm.
   static constexpr int64_t kPlanRows = 256;
   static constexpr int64_t kSplitPlanRows = 64;
+  static constexpr int64_t kPrefillPlanRows = 1024;
   // Workspace every Run/RunSplit call gets (256-byte aligned); algorithms needing more are not taken.
   static constexpr size_t kWorkspaceBytes = 64 * 1024;
 
@@ -78,26 +92,27 @@ class HcLtGemm {
   // N, K, splits and the pointers' alignments, never on M, so a caller that falls back when it has
   // none still treats every row count alike.
   template <typename T>
-  cublasStatus_t Available(const T* act, const T* weight, const T* out, int64_t N, int64_t K, bool* available);
+  cublasStatus_t Available(const T* act, const T* weight, const T* out, int64_t N, int64_t K, bool* available,
+                           int64_t plan_rows = kPlanRows);
   template <typename T>
   cublasStatus_t AvailableSplit(const T* act, const T* weight, const float* partial, int64_t N, int64_t K,
-                                int64_t splits, bool* available);
+                                int64_t splits, bool* available, int64_t plan_rows = kSplitPlanRows);
 
   // Plain: out[M, N] = act @ weight rounded to T. T is float, __half or __nv_bfloat16. `stream` is the
   // caller's (ORT's compute) stream.
   template <typename T>
   cublasStatus_t Run(const T* act, const T* weight, T* out, int64_t M, int64_t N, int64_t K, void* workspace,
-                     cudaStream_t stream);
+                     cudaStream_t stream, int64_t plan_rows = kPlanRows);
   // Split: partial[b * HcPartialStride(M, N) + m * N + n] = fp32 sum over k in [b*K/splits, (b+1)*K/splits)
   // of act[m, k] * weight[k, n], for b < splits (K divisible by splits). partial holds
   // splits * HcPartialStride(M, N) floats.
   template <typename T>
   cublasStatus_t RunSplit(const T* act, const T* weight, float* partial, int64_t M, int64_t N, int64_t K,
-                          int64_t splits, void* workspace, cudaStream_t stream);
+                          int64_t splits, void* workspace, cudaStream_t stream, int64_t plan_rows = kSplitPlanRows);
 
  private:
-  // (A/B data type, C/D data type, N, K, splits, alignment of act, weight, out)
-  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, unsigned, unsigned, unsigned>;
+  // (A/B data type, C/D data type, N, K, splits, plan rows, alignment of act, weight, out)
+  using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, unsigned, unsigned, unsigned>;
   // A planned product: the pinned algorithm and the descriptors that do not depend on M, built once
   // in place (opaque descriptors, never copied or moved: std::map nodes stay put).
   struct Plan {
@@ -108,7 +123,8 @@ class HcLtGemm {
   };
   cublasStatus_t EnsureHandle();
   template <typename T, typename Out>
-  static Key MakeKey(const T* act, const T* weight, const Out* out, int64_t N, int64_t K, int64_t splits);
+  static Key MakeKey(const T* act, const T* weight, const Out* out, int64_t N, int64_t K, int64_t splits,
+                     int64_t plan_rows);
   // The plan of `key`, planned on first use (mu_ held). Pointers into plans_ stay valid.
   cublasStatus_t GetPlan(const Key& key, const Plan** plan);
   // Fills a fresh plan in place: descriptors, then the first heuristic candidate that passes (has_algo
@@ -118,10 +134,10 @@ class HcLtGemm {
   bool ValidForAllRows(const Key& key, Plan& plan, const cublasLtMatmulAlgo_t& algo);
   template <typename T, typename Out>
   cublasStatus_t Availability(const T* act, const T* weight, const Out* out, int64_t N, int64_t K, int64_t splits,
-                              bool* available);
+                              int64_t plan_rows, bool* available);
   template <typename T, typename Out>
   cublasStatus_t Matmul(const T* act, const T* weight, Out* out, int64_t M, int64_t N, int64_t K, int64_t splits,
-                        void* workspace, cudaStream_t stream);
+                        int64_t plan_rows, void* workspace, cudaStream_t stream);
 
   const bool debug_;
   // Guards handle_ creation, plans_, and each cublasLtMatmul call that reads a plan's descriptors

@@ -1,19 +1,25 @@
 // General CUDA path of HyperConnectionLowRankMix: any C/H/R, any row count, every T.
 //
-//   HcNormKernel       S (prologue), per-branch rms, hn            -> streams_out, hn (scratch)
-//   per chunk of at most SplitChunkRows rows:
-//     GEMM (cuBLASLt, strided-batched)  fp32 partials of down = hn @ down_weight and
-//                      inject = hn @ inject_weight over HcSplitCount(C*H) fixed K slices
-//                      (HcFallbackGemmKernel where cuBLASLt has no algorithm, e.g. 16-bit with C = 1)
-//     HcSplitReduceKernel  down, inject = the slices' sum in order b = 0, 1, ..., rounded to T;
+//   HcNormInjectKernel  S (prologue), per-branch rms, hn, inject = hn @ inject_weight (a fixed-order
+//                      fp32 dot product per row) and post_gate   -> streams_out, hn (scratch), post_gate
+//   per chunk of at most ChunkRows rows:
+//     GEMM (cuBLASLt, strided-batched)  fp32 partials of down = hn @ down_weight over a fixed number
+//                      of K slices (HcFallbackGemmKernel where cuBLASLt has no algorithm)
+//     HcSplitReduceKernel  down = the slices' sum in order b = 0, 1, ..., rounded to T;
 //                      hidden = ScaledSiLU(down)
 //   GEMM (cuBLASLt)    up = hidden @ up_weight
-//   HcGateEpilogueKernel  g = sigmoid(up), pre_output, post_gate
+//   HcGateEpilogueKernel  g = sigmoid(up), pre_output
 //
-// Each output element is computed by a fixed sequence of operations that does not depend on the
-// row count or on which block runs it (row-stride and grid-stride loops; reductions in fixed
-// order; the K split depends on K only; GEMM algorithm pinned in HcLtGemm, the same for every chunk),
-// so results are deterministic and row independent.
+// Two row ranges (hc_gemm.h), which differ in the down and up products only:
+//   few rows   rows <  kHcPrefillMinRows: HcSplitCount(C*H) slices (40 for the real shape: enough
+//              CTAs at a few rows), algorithms planned at kSplitPlanRows / kPlanRows rows;
+//   prefill    rows >= kHcPrefillMinRows: HcPrefillSplitCount(C*H) slices (4: the partials' traffic
+//              is small next to the product), both algorithms planned at kPrefillPlanRows rows.
+// Within a range each output element is computed by a fixed sequence of operations that does not
+// depend on the row count or on which block runs it (row-stride and grid-stride loops; reductions in
+// fixed order; the K split depends on K and the range only; GEMM algorithms pinned in HcLtGemm, the
+// same for every chunk), so results are deterministic and row independent within the range. S, hn,
+// inject and post_gate do not depend on the range at all (one kernel, one order, for every row count).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -32,19 +38,30 @@ constexpr int kElementwiseThreads = 256;
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 constexpr int64_t kMaxElementwiseBlocks = int64_t{1} << 16;
 
+// Row chunks of the split down product (SplitChunkRows).
+constexpr int64_t kChunkRowsMultiple = 128;
+constexpr int64_t kMaxChunkRows = 1024;
+constexpr int64_t kMaxPrefillChunkRows = 4096;
+constexpr int64_t kPartialBudgetBytes = int64_t{64} << 20;
+
 constexpr size_t kScratchAlign = 256;
 size_t AlignUp(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// Inject columns one pass of HcNormInjectKernel accumulates (one pass when C <= 8).
+constexpr int kInjectGroup = 8;
 
 template <typename T>
 struct NormArgs {
   const T* streams;
   const T* norm_scale;
+  const T* inject_weight;      // (C*H, C)
   const T* prev_block_output;  // null without prologue
   const T* prev_post_gate;
   T* streams_out;  // null when not requested
   T* hn;
+  T* post_gate;
   int64_t rows, C, H;
-  float epsilon;
+  float epsilon, gate_div, gate_mul;
 };
 
 // S for VEC consecutive features h of branch c of one row, each rounded to T.
@@ -64,32 +81,210 @@ __device__ __forceinline__ Vec<T, VEC> LoadS(const NormArgs<T>& a, int64_t row, 
   return s;
 }
 
-// One block per row (row-stride loop). Per branch: pass 1 forms S, writes streams_out and sums S^2
-// (per-thread sequential, then BlockSum's fixed order); pass 2 forms S again and writes hn.
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kMaxNormThreads) HcNormKernel(NormArgs<T> a) {
-  __shared__ float reduce_scratch[32];
-  const int64_t width = a.C * a.H;
+// N block sums at once, each exactly as BlockSum computes it (butterfly in the warp, warp sums added
+// in order), with two barriers for all N. `scratch` holds N * 32 floats; every thread gets the sums.
+template <int N>
+__device__ __forceinline__ void BlockSums(float (&v)[N], float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = WarpSum(v[i]);
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) scratch[i * 32 + warp] = v[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float total = 0.0f;
+    for (int w = 0; w < num_warps; ++w) total += scratch[i * 32 + w];  // same order in every thread
+    v[i] = total;
+  }
+}
+
+// Branches of one pass-1 round of HcNormInjectKernel: one barrier per round.
+constexpr int kBranchGroup = 8;
+
+// ROWS consecutive rows per block (row-group-stride loop; a short last group repeats its last row,
+// computed but never stored).
+// Pass 1, per round of kBranchGroup branches: forms S, writes streams_out and sums S^2 per thread
+// and branch (sequential over h, j), then per branch a warp butterfly whose warp sums lane 0 parks in
+// shared memory; after the round's barrier the warp sums are added in warp order (BlockSum's order)
+// into 1 / rms.
+// Pass 2 forms S again and writes hn; per thread and branch c, part_c[c'] = sum over its h, j of
+// hn[k] * inject_weight[k, c'] (sequential, from 0); inject[c'] = part_0 + part_1 + ... in branch order,
+// then BlockSum's order; post_gate from the rounded inject.
+// CC = C known at compile time (4: the real shape; its inject_weight rows load as 16-byte vectors),
+// or 0 for any C (scalar loads, kInjectGroup columns per pass). BR branches (of CC) are loaded before
+// any is stored, so ROWS * BR loads of S are in flight per thread (stores may alias the loads, so the
+// compiler cannot hoist later loads above them); two blocks of 256 threads stay resident per SM. ROWS, CC and BR only change how loads are issued and
+// amortized: a row's operations, and so its bits, are the same for every ROWS, CC and row count.
+template <typename T, int VEC, int ROWS, int CC>
+__global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArgs<T> a) {
+  // two branches a step with one row a block, one otherwise (more would cost residency: <= 128 registers)
+  constexpr int BR = CC > 0 && ROWS == 1 ? 2 : 1;
+  static_assert(CC == 0 || CC % BR == 0, "BR divides CC");
+  constexpr int Q = CC > 0 ? CC : kInjectGroup;  // inject columns per pass
+  __shared__ float warp_sums[ROWS * kBranchGroup * 32];
+  __shared__ float inject_scratch[ROWS * Q * 32];
+  extern __shared__ float inv_rms[];  // [ROWS][C]
+  const int64_t C = CC > 0 ? CC : a.C;
+  const int64_t width = C * a.H;
   const int64_t step = int64_t{blockDim.x} * VEC;
-  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    for (int64_t c = 0; c < a.C; ++c) {
-      float sum_sq = 0.0f;
-      for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-        const Vec<T, VEC> s = LoadS<T, VEC>(a, row, c, h);
-        if (a.streams_out != nullptr) StoreVec<T, VEC>(a.streams_out + row * width + c * a.H + h, s);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
+  const int64_t groups = (a.rows + ROWS - 1) / ROWS;
+  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+    int64_t row[ROWS];
+    bool live[ROWS];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum_sq = MulAdd(ToFloat(s.v[j]), ToFloat(s.v[j]), sum_sq);
-      }
-      const float inv_rms = BranchInvRms(BlockSum(sum_sq, reduce_scratch), a.H, a.epsilon);
-      for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-        const Vec<T, VEC> s = LoadS<T, VEC>(a, row, c, h);
-        const Vec<T, VEC> scale = LoadVec<T, VEC>(a.norm_scale + c * a.H + h);
-        Vec<T, VEC> hn;
+    for (int r = 0; r < ROWS; ++r) {
+      live[r] = group * ROWS + r < a.rows;
+      row[r] = live[r] ? group * ROWS + r : a.rows - 1;
+    }
+    for (int64_t b0 = 0; b0 < C; b0 += kBranchGroup) {
+      const int64_t branches = std::min<int64_t>(kBranchGroup, C - b0);
+      for (int64_t cb = 0; cb < branches; cb += BR) {
+        float sum_sq[BR][ROWS];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          hn.v[j] = FromFloat<T>(NormalizeHn(ToFloat(s.v[j]), inv_rms, ToFloat(scale.v[j])));  // rounding point: hn
+        for (int b = 0; b < BR; ++b) {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) sum_sq[b][r] = 0.0f;
         }
-        StoreVec<T, VEC>(a.hn + row * width + c * a.H + h, hn);
+        for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
+          Vec<T, VEC> s[BR][ROWS];
+#pragma unroll
+          for (int b = 0; b < BR; ++b) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) s[b][r] = LoadS<T, VEC>(a, row[r], b0 + cb + b, h);
+          }
+#pragma unroll
+          for (int b = 0; b < BR; ++b) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+              if (a.streams_out != nullptr && live[r]) {
+                StoreVec<T, VEC>(a.streams_out + row[r] * width + (b0 + cb + b) * a.H + h, s[b][r]);
+              }
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+                sum_sq[b][r] = MulAdd(ToFloat(s[b][r].v[j]), ToFloat(s[b][r].v[j]), sum_sq[b][r]);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < BR; ++b) {
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) {
+            const float v = WarpSum(sum_sq[b][r]);
+            if (lane == 0) warp_sums[(r * kBranchGroup + cb + b) * 32 + warp] = v;
+          }
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < ROWS * kBranchGroup) {
+        const int r = threadIdx.x / kBranchGroup;
+        const int64_t cb = threadIdx.x % kBranchGroup;
+        if (cb < branches) {
+          float total = 0.0f;
+          for (int w = 0; w < num_warps; ++w) total += warp_sums[threadIdx.x * 32 + w];  // BlockSum's order
+          inv_rms[r * C + b0 + cb] = BranchInvRms(total, a.H, a.epsilon);
+        }
+      }
+      __syncthreads();  // inv_rms of the round written; warp_sums free for the next round
+    }
+    for (int64_t c0 = 0; c0 < C; c0 += Q) {
+      const int cols = CC > 0 ? CC : static_cast<int>(std::min<int64_t>(Q, C - c0));
+      float acc[ROWS * Q];
+#pragma unroll
+      for (int i = 0; i < ROWS * Q; ++i) acc[i] = 0.0f;
+      for (int64_t c = 0; c < C; c += BR) {
+        float part[BR][ROWS * Q];  // per branch, summed from 0 (the same whatever BR)
+#pragma unroll
+        for (int b = 0; b < BR; ++b) {
+#pragma unroll
+          for (int i = 0; i < ROWS * Q; ++i) part[b][i] = 0.0f;
+        }
+        for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
+          // the thread's VEC rows of inject_weight are VEC * CC contiguous elements, 16-byte aligned (CC > 0)
+          constexpr int kChunk = 16 / static_cast<int>(sizeof(T));
+          constexpr int kWeightVecs = CC > 0 ? VEC * CC / kChunk : 1;
+          static_assert(CC == 0 || (VEC * CC) % kChunk == 0, "CC > 0 needs VEC * CC * sizeof(T) to be a multiple of 16");
+          Vec<T, VEC> scale[BR];
+          Vec<T, VEC> s[BR][ROWS];
+          Vec<T, kChunk> wv[BR][kWeightVecs];
+#pragma unroll
+          for (int b = 0; b < BR; ++b) {  // every load of the step before any store
+            scale[b] = LoadVec<T, VEC>(a.norm_scale + (c + b) * a.H + h);
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) s[b][r] = LoadS<T, VEC>(a, row[r], c + b, h);
+            if constexpr (CC > 0) {
+              const T* w = a.inject_weight + ((c + b) * a.H + h) * C;
+#pragma unroll
+              for (int i = 0; i < kWeightVecs; ++i) wv[b][i] = LoadVec<T, kChunk>(w + i * kChunk);
+            }
+          }
+#pragma unroll
+          for (int b = 0; b < BR; ++b) {
+            const T* w = a.inject_weight + ((c + b) * a.H + h) * C + c0;  // inject_weight[(c+b)*H + h, c0]
+            Vec<T, VEC> hn[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+              const float inv = inv_rms[r * C + c + b];
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+                // rounding point: hn
+                hn[r].v[j] = FromFloat<T>(NormalizeHn(ToFloat(s[b][r].v[j]), inv, ToFloat(scale[b].v[j])));
+              }
+              if (c0 == 0 && live[r]) StoreVec<T, VEC>(a.hn + row[r] * width + (c + b) * a.H + h, hn[r]);
+            }
+            if constexpr (CC > 0) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+#pragma unroll
+                for (int q = 0; q < CC; ++q) {
+                  const float wq = ToFloat(wv[b][(j * CC + q) / kChunk].v[(j * CC + q) % kChunk]);
+#pragma unroll
+                  for (int r = 0; r < ROWS; ++r) part[b][r * Q + q] = fmaf(ToFloat(hn[r].v[j]), wq, part[b][r * Q + q]);
+                }
+              }
+            } else {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+#pragma unroll
+                for (int q = 0; q < Q; ++q) {
+                  if (q < cols) {
+                    const float wq = ToFloat(w[j * C + q]);
+#pragma unroll
+                    for (int r = 0; r < ROWS; ++r) part[b][r * Q + q] = fmaf(ToFloat(hn[r].v[j]), wq, part[b][r * Q + q]);
+                  }
+                }
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < BR; ++b) {
+#pragma unroll
+          for (int i = 0; i < ROWS * Q; ++i) acc[i] = __fadd_rn(acc[i], part[b][i]);  // branch order
+        }
+      }
+      BlockSums<ROWS * Q>(acc, inject_scratch);
+      if (threadIdx.x == 0) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+          for (int q = 0; q < Q; ++q) {
+            if (q < cols && live[r]) {
+              const float inject = RoundToT<T>(acc[r * Q + q]);  // rounding point: inject
+              // rounding point: post_gate
+              a.post_gate[row[r] * C + c0 + q] = FromFloat<T>(PostGate(inject, a.gate_div, a.gate_mul));
+            }
+          }
+        }
       }
     }
   }
@@ -97,44 +292,46 @@ __global__ void __launch_bounds__(kMaxNormThreads) HcNormKernel(NormArgs<T> a) {
 
 template <typename T>
 struct SplitReduceArgs {
-  const float* down_partial;    // splits slices of (rows, R), down_stride floats apart
-  const float* inject_partial;  // splits slices of (rows, C), inject_stride floats apart
-  int64_t down_stride, inject_stride, splits;
-  T* hidden;  // (rows, R)
-  T* inject;  // (rows, C)
-  int64_t down_count, inject_count;  // rows * R, rows * C
+  const float* down_partial;  // splits slices of (rows, R), down_stride floats apart
+  int64_t down_stride, splits;
+  T* hidden;           // (rows, R)
+  int64_t down_count;  // rows * R
   float silu_alpha;
 };
 
-// Both split products' reductions in one launch, grid-stride over rows*R + rows*C outputs (consecutive
-// threads, consecutive outputs of one slice): each output adds its slices in the fixed order
-// b = 0, 1, ..., splits - 1 in fp32, whatever the row count; then down is rounded to T and becomes
-// hidden = ScaledSiLU(down) (Z, SG, hidden rounded in ScaledSilu), inject is rounded to T.
-template <typename T>
+// The split down product's reduction, grid-stride over groups of VEC consecutive outputs of rows*R
+// (consecutive threads, consecutive groups of one slice): each output adds its slices in the fixed
+// order b = 0, 1, ..., splits - 1 in fp32, whatever the row count; then down is rounded to T and becomes
+// hidden = ScaledSiLU(down) (Z, SG, hidden rounded in ScaledSilu). VEC only widens the loads.
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kElementwiseThreads) HcSplitReduceKernel(SplitReduceArgs<T> a) {
-  const int64_t total = a.down_count + a.inject_count;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const bool is_down = i < a.down_count;
-    const int64_t j = is_down ? i : i - a.down_count;
-    const float* __restrict__ partial = (is_down ? a.down_partial : a.inject_partial) + j;
-    const int64_t stride = is_down ? a.down_stride : a.inject_stride;
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int64_t b = 0; b < a.splits; ++b) acc = __fadd_rn(acc, partial[b * stride]);
-    if (is_down) {
-      const float down = RoundToT<T>(acc);  // rounding point: down
-      a.hidden[j] = FromFloat<T>(ScaledSilu<T>(down, a.silu_alpha));
-    } else {
-      a.inject[j] = FromFloat<T>(acc);  // rounding point: inject
+  const int64_t count = a.down_count / VEC;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    const float* __restrict__ partial = a.down_partial + i * VEC;
+    float acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
+#pragma unroll 4
+    for (int64_t b = 0; b < a.splits; ++b) {
+      const Vec<float, VEC> p = LoadVec<float, VEC>(partial + b * a.down_stride);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] = __fadd_rn(acc[j], p.v[j]);
     }
+    Vec<T, VEC> out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float down = RoundToT<T>(acc[j]);  // rounding point: down
+      out.v[j] = FromFloat<T>(ScaledSilu<T>(down, a.silu_alpha));
+    }
+    StoreVec<T, VEC>(a.hidden + i * VEC, out);
   }
 }
 
-// For a product cuBLASLt has no algorithm for (seen: 16-bit types with N = 1, the inject product of
-// one branch), sliced like HcLtGemm's products: with Ks = K / splits,
+// For a product cuBLASLt has no algorithm for (seen: 16-bit types with N = 1), sliced like HcLtGemm's
+// products: with Ks = K / splits,
 //   out[b * out_stride + m * N + n] = sum over k in [b*Ks, (b+1)*Ks) of act[m, k] * weight[k, n]
 // in fp32, stored as Out: T for a plain product (splits = 1: the rounding point up), float for the
-// partials of a split product (down and inject, rounded by HcSplitReduceKernel). One block per
+// partials of a split product (down, rounded by HcSplitReduceKernel). One block per
 // (row, slice); each thread owns outputs n = t, t + blockDim.x, ... (weight rows read coalesced) and
 // sums its slice sequentially, k in order: a fixed order that does not depend on the row count (not
 // cuBLASLt's order, but whether this kernel runs depends on type, N, K, splits and alignment only).
@@ -159,16 +356,14 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 template <typename T>
 struct EpilogueArgs {
   const T* hn;
-  const T* up;      // rounded up projection (rows, C*H)
-  const T* inject;  // rounded inject projection (rows, C)
+  const T* up;  // rounded up projection (rows, C*H)
   T* pre_output;
-  T* post_gate;
   int64_t rows, C, H;
-  float reduction_scale, gate_div, gate_mul;
+  float reduction_scale;
 };
 
 // pre_output[row, h] = reduction_scale * sum_c hn[row, c, h] * g[row, c, h] (c in order), with
-// g = sigmoid(up) rounded; then post_gate from the rounded inject.
+// g = sigmoid(up) rounded. (post_gate comes from HcNormInjectKernel.)
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(EpilogueArgs<T> a) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -181,7 +376,8 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(Epil
     float acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
-    for (int64_t c = 0; c < a.C; ++c) {
+#pragma unroll 4
+    for (int64_t c = 0; c < a.C; ++c) {  // unrolled: the branches' loads are issued together
       const Vec<T, VEC> hn = LoadVec<T, VEC>(a.hn + row * width + c * a.H + h);
       const Vec<T, VEC> up = LoadVec<T, VEC>(a.up + row * width + c * a.H + h);
 #pragma unroll
@@ -194,10 +390,6 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(Epil
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out.v[j] = FromFloat<T>(__fmul_rn(a.reduction_scale, acc[j]));  // rounding point: pre_output
     StoreVec<T, VEC>(a.pre_output + row * a.H + h, out);
-  }
-  for (int64_t i = start; i < a.rows * a.C; i += stride) {
-    // inject was rounded by its GEMM (rounding point: inject); rounding point: post_gate
-    a.post_gate[i] = FromFloat<T>(PostGate(ToFloat(a.inject[i]), a.gate_div, a.gate_mul));
   }
 }
 
@@ -245,10 +437,10 @@ HcLaunchStatus CublasFailure(const char* step, cublasStatus_t e) {
 // kernel where there is none.
 template <typename T>
 HcLaunchStatus Gemm(const char* step, HcLtGemm& gemm, const T* act, const T* weight, T* out, int64_t M, int64_t N,
-                    int64_t K, void* workspace, cudaStream_t stream) {
+                    int64_t K, int64_t plan_rows, void* workspace, cudaStream_t stream) {
   bool available = false;
-  if (auto s = CublasFailure(step, gemm.Available<T>(act, weight, out, N, K, &available)); !s.ok()) return s;
-  if (available) return CublasFailure(step, gemm.Run<T>(act, weight, out, M, N, K, workspace, stream));
+  if (auto s = CublasFailure(step, gemm.Available<T>(act, weight, out, N, K, &available, plan_rows)); !s.ok()) return s;
+  if (available) return CublasFailure(step, gemm.Run<T>(act, weight, out, M, N, K, workspace, stream, plan_rows));
   const unsigned blocks = static_cast<unsigned>(std::min(M, kMaxRowBlocks));
   HcFallbackGemmKernel<T, T><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, out, M, N, K, 1, 0);
   return CudaFailure("HcFallbackGemmKernel", cudaGetLastError());
@@ -258,60 +450,105 @@ HcLaunchStatus Gemm(const char* step, HcLtGemm& gemm, const T* act, const T* wei
 // where `use_lt` (AvailableSplit, asked once per launch), else the fallback kernel.
 template <typename T>
 HcLaunchStatus SplitGemm(const char* step, HcLtGemm& gemm, bool use_lt, const T* act, const T* weight,
-                         float* partial, int64_t M, int64_t N, int64_t K, int64_t splits, void* workspace,
-                         cudaStream_t stream) {
-  if (use_lt) return CublasFailure(step, gemm.RunSplit<T>(act, weight, partial, M, N, K, splits, workspace, stream));
+                         float* partial, int64_t M, int64_t N, int64_t K, int64_t splits, int64_t plan_rows,
+                         void* workspace, cudaStream_t stream) {
+  if (use_lt) {
+    return CublasFailure(step, gemm.RunSplit<T>(act, weight, partial, M, N, K, splits, workspace, stream, plan_rows));
+  }
   const unsigned blocks = static_cast<unsigned>(std::min(M * splits, kMaxRowBlocks));
   HcFallbackGemmKernel<T, float><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, partial, M, N, K, splits,
                                                                               HcPartialStride(M, N));
   return CudaFailure("HcFallbackGemmKernel", cudaGetLastError());
 }
 
-// Rows per chunk of the split products. The fp32 partials take splits * (R + C) floats per row, so
-// the products run over at most this many rows at a time and reuse one partial buffer: the largest
-// multiple of kChunkRowsMultiple whose partials fit kPartialBudgetBytes, within [kChunkRowsMultiple,
-// kMaxChunkRows] (the real shape: 40 * 324 * 4 bytes a row -> 1024 rows, 52 MB). It depends on the
-// shape, never on the row count, and chunking keeps rows independent: every chunk runs the same
-// pinned algorithm (its hn pointer is a multiple of kChunkRowsMultiple rows, so at least 256 bytes,
-// past the previous one, so the alignment HcLtGemm keys on is the same) and the same reduction.
-constexpr int64_t kChunkRowsMultiple = 128;
-constexpr int64_t kMaxChunkRows = 1024;
-constexpr int64_t kPartialBudgetBytes = int64_t{64} << 20;
+// How the down and up products run in the row range of `rows` (see the file comment): the K split,
+// the rows both pinned algorithms are planned for, and the largest row chunk of the split product.
+struct RangePlan {
+  bool prefill = false;
+  int64_t splits = 1, split_plan_rows = 0, up_plan_rows = 0, max_chunk_rows = 0;
+};
 
-int64_t SplitChunkRows(const HcLowRankMixParams& p) {
-  const int64_t per_row = HcSplitCount(p.width()) * (p.R + p.C) * static_cast<int64_t>(sizeof(float));
-  const int64_t fit = kPartialBudgetBytes / per_row / kChunkRowsMultiple * kChunkRowsMultiple;
-  return std::min(std::max(fit, kChunkRowsMultiple), kMaxChunkRows);
+RangePlan PlanRange(const HcLowRankMixParams& p) {
+  RangePlan r;
+  r.prefill = p.rows >= kHcPrefillMinRows;
+  r.splits = r.prefill ? HcPrefillSplitCount(p.width()) : HcSplitCount(p.width());
+  r.split_plan_rows = r.prefill ? HcLtGemm::kPrefillPlanRows : HcLtGemm::kSplitPlanRows;
+  r.up_plan_rows = r.prefill ? HcLtGemm::kPrefillPlanRows : HcLtGemm::kPlanRows;
+  r.max_chunk_rows = r.prefill ? kMaxPrefillChunkRows : kMaxChunkRows;
+  return r;
 }
 
-// The scratch: hn, up (rows, C*H); hidden (rows, R); inject (rows, C) in T; then the fp32 partials
-// of one chunk of m = min(rows, SplitChunkRows) rows: splits slices of down (HcPartialStride(m, R)
-// floats each), then splits slices of inject (HcPartialStride(m, C) floats each), then cuBLASLt's
-// workspace (HcLtGemm::kWorkspaceBytes). Every part starts 256-byte aligned (offsets from the base
-// are multiples of kScratchAlign).
+// Rows per chunk of the split product. The fp32 partials take splits * R floats per row, so the
+// product runs over at most this many rows at a time and reuses one partial buffer: the largest
+// multiple of kChunkRowsMultiple whose partials fit kPartialBudgetBytes, within [kChunkRowsMultiple,
+// max_chunk_rows] (the real shape: 40 * 320 * 4 bytes a row -> 1024 rows, 52 MB; prefill 4 * 320 * 4
+// bytes a row -> 4096 rows, 21 MB). It depends on the shape and the range, never on the row count
+// inside the range, and chunking keeps rows independent: every chunk runs the same pinned algorithm
+// (its hn pointer is a multiple of kChunkRowsMultiple rows, so at least 256 bytes, past the previous
+// one, so the alignment HcLtGemm keys on is the same) and the same reduction.
+int64_t SplitChunkRows(const HcLowRankMixParams& p, const RangePlan& range) {
+  const int64_t per_row = range.splits * p.R * static_cast<int64_t>(sizeof(float));
+  const int64_t fit = kPartialBudgetBytes / per_row / kChunkRowsMultiple * kChunkRowsMultiple;
+  return std::min(std::max(fit, kChunkRowsMultiple), range.max_chunk_rows);
+}
+
+// The scratch: hn, up (rows, C*H); hidden (rows, R) in T; then the fp32 partials of one chunk of
+// m = min(rows, SplitChunkRows) rows: splits slices of down (HcPartialStride(m, R) floats each), then
+// cuBLASLt's workspace (HcLtGemm::kWorkspaceBytes). Every part starts 256-byte aligned (offsets from
+// the base are multiples of kScratchAlign).
 struct ScratchLayout {
-  int64_t splits = 1, chunk_rows = 0;  // chunk_rows = min(rows, SplitChunkRows(p))
-  size_t hn = 0, up = 0, hidden = 0, inject = 0, down_partial = 0, inject_partial = 0, workspace = 0,
-         total = 0;  // byte offsets
+  RangePlan range;
+  int64_t chunk_rows = 0;  // min(rows, SplitChunkRows(p, range))
+  size_t hn = 0, up = 0, hidden = 0, down_partial = 0, workspace = 0, total = 0;  // byte offsets
 };
 
 ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size) {
   const size_t rows = static_cast<size_t>(p.rows);
   const size_t width = static_cast<size_t>(p.width());
   ScratchLayout l;
-  l.splits = HcSplitCount(p.width());
-  l.chunk_rows = std::min(p.rows, SplitChunkRows(p));
+  l.range = PlanRange(p);
+  l.chunk_rows = std::min(p.rows, SplitChunkRows(p, l.range));
   l.hn = 0;
   l.up = l.hn + AlignUp(rows * width * element_size);
   l.hidden = l.up + AlignUp(rows * width * element_size);
-  l.inject = l.hidden + AlignUp(rows * static_cast<size_t>(p.R) * element_size);
-  l.down_partial = l.inject + AlignUp(rows * static_cast<size_t>(p.C) * element_size);
-  l.inject_partial =
-      l.down_partial + static_cast<size_t>(l.splits * HcPartialStride(l.chunk_rows, p.R)) * sizeof(float);
+  l.down_partial = l.hidden + AlignUp(rows * static_cast<size_t>(p.R) * element_size);
   l.workspace =
-      l.inject_partial + static_cast<size_t>(l.splits * HcPartialStride(l.chunk_rows, p.C)) * sizeof(float);
+      l.down_partial + AlignUp(static_cast<size_t>(l.range.splits * HcPartialStride(l.chunk_rows, p.R)) * sizeof(float));
   l.total = l.workspace + HcLtGemm::kWorkspaceBytes;
   return l;
+}
+
+// Rows per block of HcNormInjectKernel (C = 4): more rows per block once there are blocks enough to
+// fill the GPU (the choice changes no bit, see the kernel).
+int NormRowsPerBlock(int64_t rows) { return rows >= 2048 ? 4 : rows >= 512 ? 2 : 1; }
+
+// C = 4 with 16-byte loadable inject_weight rows runs the compile-time-C kernel, ROWS rows a block;
+// any other C the generic kernel, one row a block (same bits either way).
+template <typename T, int VEC>
+bool NormInjectFixedC(const NormArgs<T>& a) {
+  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
+    return a.C == 4 && AlignmentOf(a.inject_weight) >= 16;
+  }
+  return false;
+}
+
+template <typename T, int VEC>
+void LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, int threads, cudaStream_t stream, unsigned* blocks) {
+  const bool fixed_c = NormInjectFixedC<T, VEC>(a);
+  if (!fixed_c) *rows_per_block = 1;
+  const int64_t groups = (a.rows + *rows_per_block - 1) / *rows_per_block;
+  *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
+  const size_t smem = static_cast<size_t>(*rows_per_block * a.C) * sizeof(float);
+  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
+    if (fixed_c) {
+      switch (*rows_per_block) {
+        case 4: HcNormInjectKernel<T, VEC, 4, 4><<<*blocks, threads, smem, stream>>>(a); return;
+        case 2: HcNormInjectKernel<T, VEC, 2, 4><<<*blocks, threads, smem, stream>>>(a); return;
+        default: HcNormInjectKernel<T, VEC, 1, 4><<<*blocks, threads, smem, stream>>>(a); return;
+      }
+    }
+  }
+  HcNormInjectKernel<T, VEC, 1, 0><<<*blocks, threads, smem, stream>>>(a);
 }
 
 }  // namespace
@@ -333,81 +570,83 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
                                HcLtGemm& gemm, cudaStream_t stream, bool debug) {
   const int64_t rows = p.rows, C = p.C, H = p.H, R = p.R, width = p.width();
   const ScratchLayout layout = MakeScratchLayout(p, sizeof(T));
+  const RangePlan& range = layout.range;
   char* base = static_cast<char*>(scratch);
   T* hn = reinterpret_cast<T*>(base + layout.hn);
   T* up = reinterpret_cast<T*>(base + layout.up);
   T* hidden = reinterpret_cast<T*>(base + layout.hidden);
-  T* inject = reinterpret_cast<T*>(base + layout.inject);
   float* down_partial = reinterpret_cast<float*>(base + layout.down_partial);
-  float* inject_partial = reinterpret_cast<float*>(base + layout.inject_partial);
   void* workspace = base + layout.workspace;  // cuBLASLt's (HcLtGemm::kWorkspaceBytes)
-  const int64_t splits = layout.splits;
 
-  const NormArgs<T> norm{t.streams, t.norm_scale, t.prev_block_output, t.prev_post_gate, t.streams_out,
-                         hn, rows, C, H, p.epsilon};
+  const NormArgs<T> norm{t.streams, t.norm_scale, t.inject_weight, t.prev_block_output, t.prev_post_gate,
+                         t.streams_out, hn, t.post_gate, rows, C, H, p.epsilon, p.gate_div, p.gate_mul};
   const int norm_vec = PickVec<T>(H, {t.streams, t.norm_scale, t.prev_block_output, t.streams_out, hn});
   const int norm_threads = NormThreads(H, norm_vec);
-  const unsigned norm_blocks = static_cast<unsigned>(std::min(rows, kMaxRowBlocks));
-  HC_DISPATCH_VEC(norm_vec, HcNormKernel, T, norm_blocks, norm_threads, norm);
-  if (auto s = CudaFailure("HcNormKernel", cudaGetLastError()); !s.ok()) return s;
-
-  // Whether cuBLASLt runs the split products: asked once, with the base pointers (every chunk's
-  // pointers have the same alignment), so every chunk and every row count takes the same route.
-  static const char* const kDownStep = "cuBLASLt GEMM down = hn @ down_weight (split K)";
-  static const char* const kInjectStep = "cuBLASLt GEMM inject = hn @ inject_weight (split K)";
-  bool down_lt = false, inject_lt = false;
-  if (auto s = CublasFailure(kDownStep, gemm.AvailableSplit<T>(hn, t.down_weight, down_partial, R, width, splits,
-                                                                &down_lt));
-      !s.ok()) {
-    return s;
+  int norm_rows = NormRowsPerBlock(rows);  // 1 where the generic-C kernel runs
+  unsigned norm_blocks = 0;
+  switch (norm_vec) {
+    case 8: LaunchNormInject<T, 8>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
+    case 4: LaunchNormInject<T, 4>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
+    case 2: LaunchNormInject<T, 2>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
+    default: LaunchNormInject<T, 1>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
   }
-  if (auto s = CublasFailure(kInjectStep, gemm.AvailableSplit<T>(hn, t.inject_weight, inject_partial, C, width, splits,
-                                                                  &inject_lt));
+  if (auto s = CudaFailure("HcNormInjectKernel", cudaGetLastError()); !s.ok()) return s;
+
+  // Whether cuBLASLt runs the split product: asked once, with the base pointers (every chunk's
+  // pointers have the same alignment), so every chunk and every row count of the range takes the same route.
+  static const char* const kDownStep = "cuBLASLt GEMM down = hn @ down_weight (split K)";
+  bool down_lt = false;
+  if (auto s = CublasFailure(kDownStep, gemm.AvailableSplit<T>(hn, t.down_weight, down_partial, R, width, range.splits,
+                                                                &down_lt, range.split_plan_rows));
       !s.ok()) {
     return s;
   }
   unsigned reduce_blocks = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += layout.chunk_rows) {
     const int64_t m = std::min(layout.chunk_rows, rows - r0);
-    const T* act = hn + r0 * width;
-    if (auto s = SplitGemm<T>(kDownStep, gemm, down_lt, act, t.down_weight, down_partial, m, R, width, splits, workspace, stream);
+    if (auto s = SplitGemm<T>(kDownStep, gemm, down_lt, hn + r0 * width, t.down_weight, down_partial, m, R, width,
+                              range.splits, range.split_plan_rows, workspace, stream);
         !s.ok()) {
       return s;
     }
-    if (auto s = SplitGemm<T>(kInjectStep, gemm, inject_lt, act, t.inject_weight, inject_partial, m, C, width, splits,
-                              workspace, stream);
-        !s.ok()) {
-      return s;
+    const SplitReduceArgs<T> reduce{down_partial, HcPartialStride(m, R), range.splits, hidden + r0 * R, m * R,
+                                    p.silu_alpha};
+    // 4 outputs a thread where they divide m * R (partial slices start 256-byte aligned; hidden + r0 * R
+    // is 8-byte aligned when R * sizeof(T) is, for every chunk)
+    const bool vec4 = (m * R) % 4 == 0 && AlignmentOf(hidden + r0 * R) >= 4 * sizeof(T);
+    reduce_blocks = ElementwiseBlocks(m * R / (vec4 ? 4 : 1));
+    if (vec4) {
+      HcSplitReduceKernel<T, 4><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
+    } else {
+      HcSplitReduceKernel<T, 1><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
     }
-    const SplitReduceArgs<T> reduce{down_partial, inject_partial, HcPartialStride(m, R), HcPartialStride(m, C), splits,
-                                    hidden + r0 * R, inject + r0 * C, m * R, m * C, p.silu_alpha};
-    reduce_blocks = ElementwiseBlocks(m * (R + C));
-    HcSplitReduceKernel<T><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
     if (auto s = CudaFailure("HcSplitReduceKernel", cudaGetLastError()); !s.ok()) return s;
   }
 
-  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R, workspace, stream);
+  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
+                       range.up_plan_rows, workspace, stream);
       !s.ok()) {
     return s;
   }
 
-  const EpilogueArgs<T> epi{hn, up, inject, t.pre_output, t.post_gate, rows, C, H,
-                            p.reduction_scale, p.gate_div, p.gate_mul};
+  const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
   const int epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
-  const unsigned epi_blocks = ElementwiseBlocks(std::max(rows * (H / epi_vec), rows * C));
+  const unsigned epi_blocks = ElementwiseBlocks(rows * (H / epi_vec));
   HC_DISPATCH_VEC(epi_vec, HcGateEpilogueKernel, T, epi_blocks, kElementwiseThreads, epi);
   if (auto s = CudaFailure("HcGateEpilogueKernel", cudaGetLastError()); !s.ok()) return s;
 
   if (debug) {
     std::fprintf(stderr,
-                 "hcfuse: HyperConnectionLowRankMix general path rows=%lld C=%lld H=%lld R=%lld: HcNormKernel "
-                 "grid %u x %d (vec %d), down/inject split into %lld K slices of %lld (%s/%s) in chunks of %lld "
-                 "rows, HcSplitReduceKernel grid %u x %d (last chunk), HcGateEpilogueKernel grid %u x %d (vec %d)\n",
-                 static_cast<long long>(rows), static_cast<long long>(C), static_cast<long long>(H),
-                 static_cast<long long>(R), norm_blocks, norm_threads, norm_vec, static_cast<long long>(splits),
-                 static_cast<long long>(width / splits), down_lt ? "cuBLASLt" : "fallback kernel",
-                 inject_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(layout.chunk_rows),
-                 reduce_blocks, kElementwiseThreads, epi_blocks, kElementwiseThreads, epi_vec);
+                 "hcfuse: HyperConnectionLowRankMix general path (%s range) rows=%lld C=%lld H=%lld R=%lld: "
+                 "HcNormInjectKernel grid %u x %d (vec %d, %d rows per block), down split into %lld K slices of "
+                 "%lld (%s, planned at %lld rows) in chunks of %lld rows, HcSplitReduceKernel grid %u x %d (last "
+                 "chunk), up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d)\n",
+                 range.prefill ? "prefill" : "few-row", static_cast<long long>(rows), static_cast<long long>(C),
+                 static_cast<long long>(H), static_cast<long long>(R), norm_blocks, norm_threads, norm_vec, norm_rows,
+                 static_cast<long long>(range.splits), static_cast<long long>(width / range.splits),
+                 down_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(range.split_plan_rows),
+                 static_cast<long long>(layout.chunk_rows), reduce_blocks, kElementwiseThreads,
+                 static_cast<long long>(range.up_plan_rows), epi_blocks, kElementwiseThreads, epi_vec);
   }
   return {};
 }

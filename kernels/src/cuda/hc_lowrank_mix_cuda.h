@@ -44,14 +44,16 @@ struct HcLaunchStatus {
   std::string Message() const;
 };
 
-// Bytes of device scratch LaunchHcGeneral needs, 256-byte aligned parts: hn and up (rows * C*H), hidden
-// (rows * R), inject (rows * C) in T, plus the fp32 partials of one row chunk of the split down and inject
-// products: splits * (HcPartialStride(m, R) + HcPartialStride(m, C)) floats with splits = HcSplitCount(C*H),
-// m = min(rows, chunk rows) (hc_gemm.h, hc_general.cu).
+// Bytes of device scratch LaunchHcGeneral needs, 256-byte aligned parts: hn and up (rows * C*H) and
+// hidden (rows * R) in T, plus the fp32 partials of one row chunk of the split down product:
+// splits * HcPartialStride(m, R) floats, with the split and chunk rows m of the row range
+// (hc_gemm.h, hc_general.cu).
 size_t HcGeneralScratchBytes(const HcLowRankMixParams& params, size_t element_size);
 
-// The general path: norm kernel, split-K cuBLASLt GEMMs for down and inject with their fixed-order
-// reduction (+ ScaledSiLU), the up cuBLASLt GEMM and the gate epilogue kernel, all on `stream`. Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes.
+// The general path: norm + inject kernel (post_gate), split-K cuBLASLt GEMM for down with its
+// fixed-order reduction (+ ScaledSiLU), the up cuBLASLt GEMM and the gate epilogue kernel, all on
+// `stream`; the K split and pinned algorithms depend on the row range (few rows / prefill, hc_gemm.h).
+// Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes.
 // T is float, __half or __nv_bfloat16. Never throws and never synchronizes.
 template <typename T>
 HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,

@@ -1,0 +1,130 @@
+"""The CUDA general path's two row ranges (kernels/src/cuda/hc_general.cu, hc_gemm.h):
+
+  few rows   rows < 1024: down split into HcSplitCount(C*H) K slices (40 for the real shape);
+  prefill    rows >= 1024: HcPrefillSplitCount(C*H) slices (4), both GEMM algorithms planned at 1024 rows.
+
+Both ranges share HcNormInjectKernel (S, hn, inject as a fixed-order dot product per row, post_gate),
+which puts 1, 2 or 4 rows in a block depending on the row count without changing a bit.
+Asserted here: the prefill range against hcfuse.reference (real shape on both sides of the boundary,
+awkward shapes: rows not a multiple of any tile or of the rows per block, H not a multiple of 64,
+small R, C = 1, C > 8 (two inject passes)); row independence across the row counts the prefill range
+serves and determinism; streams_out and post_gate identical across the two ranges. The few-row range's
+row independence (1 ... 1000 rows) is asserted in tests/test_kernels_cuda.py. Bounds are that module's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
+from tests._compare import assert_bitwise_equal, run_bound
+from tests._cuda import cuda_session
+from tests import test_kernels_cuda
+from tests.test_kernels_cuda import DTYPE_IDS, DTYPES, QWEN, QWEN_ATTRS, _check, _reference, _require_dtype
+
+pytestmark = pytest.mark.cuda
+
+PREFILL_MIN_ROWS = 1024  # kHcPrefillMinRows
+_SAMPLE = 48  # reference rows per real-shape case (the reference is row independent)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_measured_maxima():
+    """Prints the maxima _check recorded for this module's cases (test_kernels_cuda's _STATS)."""
+    yield
+    mine = {k: v for k, v in test_kernels_cuda._STATS.items() if k.startswith(("prefill", "many-branches"))}
+    if mine:
+        print("\nmeasured vs hcfuse.reference:\n  " + "\n  ".join(
+            f"{k}: {', '.join(f'{n} {v}' for n, v in values.items())}" for k, values in sorted(mine.items())))
+
+
+def _real_shape(dtype, rows: int, seed: int):
+    rng = np.random.default_rng([seed, rows, DTYPES.index(dtype)])
+    weights = random_weights(**QWEN, dtype=dtype, rng=rng)
+    feeds = random_activations((rows,), QWEN["C"], QWEN["H"], dtype, rng, prologue=True)
+    model = make_fused_node_model(**QWEN, dtype=dtype, prologue=True, streams_out=True, **QWEN_ATTRS)
+    return model, feeds, weights
+
+
+def _sample(rows: int) -> np.ndarray:
+    """Rows to check: both ends, a spread, and the rows around the 128-row chunk and 4-row group edges."""
+    edges = [0, 1, 2, 3, 127, 128, 1023, 1024, 4095, 4096, rows - 2, rows - 1]
+    spread = np.linspace(0, rows - 1, _SAMPLE - len(edges)).astype(int)
+    return np.unique(np.clip(np.concatenate([edges, spread]), 0, rows - 1))
+
+
+@pytest.mark.parametrize("rows", [1023, 1024, 1500, 4099])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_real_shape_both_sides_of_the_boundary(hcfuse_lib, monkeypatch, dtype, rows):
+    """1023 rows (the few-row range's last count), 1024 (the prefill range's first), 1500 and 4099
+    (two row chunks of the prefill product, a short last row group) against the reference."""
+    _require_dtype(dtype)
+    model, feeds, weights = _real_shape(dtype, rows, 14)
+    got = run_bound(cuda_session(model, hcfuse_lib, "general", monkeypatch), {**feeds, **weights}, device="cuda")
+    sample = _sample(rows)
+    ref = _reference({k: v[sample] for k, v in feeds.items()}, weights, QWEN["C"], **QWEN_ATTRS)
+    _check(got, ref, dtype, f"prefill real shape rows={rows}", f"prefill real-shape {dtype.name}", rows=sample)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_prefill_row_independence_and_determinism(hcfuse_lib, monkeypatch, dtype):
+    """In the prefill range a row gives the same bits in batches of 1024 ... 2500 rows (4 and 2 rows per
+    norm block), two runs and two sessions agree; streams_out and post_gate (the norm kernel's, shared
+    by both ranges) are also the same bits in few-row batches of 1 and 16 rows."""
+    _require_dtype(dtype)
+    model, feeds, weights = _real_shape(dtype, 2500, 15)
+    session = cuda_session(model, hcfuse_lib, "general", monkeypatch)
+
+    def run(lo, hi, s=session):
+        return run_bound(s, {**{k: v[lo:hi] for k, v in feeds.items()}, **weights}, device="cuda")
+
+    full = run(0, 2500)
+    for name, value in run(0, 2500).items():
+        assert_bitwise_equal(value, full[name], f"determinism (same session) {name}")
+    second = cuda_session(model, hcfuse_lib, "general", monkeypatch)
+    for name, value in run(0, 2500, second).items():
+        assert_bitwise_equal(value, full[name], f"determinism (second session) {name}")
+    for lo, hi in [(0, 1024), (1476, 2500), (700, 1800), (3, 1030)]:
+        for name, value in run(lo, hi).items():
+            assert_bitwise_equal(value, full[name][lo:hi], f"rows [{lo}, {hi}) alone vs in 2500: {name}")
+    for lo, hi in [(0, 1), (1234, 1250)]:
+        for name, value in run(lo, hi).items():
+            if name in ("streams_out", "post_gate"):
+                assert_bitwise_equal(value, full[name][lo:hi], f"few-row batch [{lo}, {hi}) vs prefill batch: {name}")
+
+
+# (C, H, R): K = C*H not split (300), split 4 / 10 (2560), C = 1, C > 8 (two inject passes), H = 129
+AWKWARD_SHAPES = [(3, 100, 24), (4, 640, 64), (1, 72, 8), (10, 40, 16), (4, 129, 512)]
+
+
+@pytest.mark.parametrize("C,H,R", AWKWARD_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_awkward_shapes_prefill(hcfuse_lib, monkeypatch, rng, dtype, C, H, R):
+    """1030 rows as (5, 206) leading dims, prologue and streams_out, against the reference on every
+    row; the first 1024 rows alone give the same bits (row independence inside the prefill range)."""
+    _require_dtype(dtype)
+    weights = random_weights(C, H, R, dtype, rng)
+    feeds = random_activations((5, 206), C, H, dtype, rng, prologue=True)
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, leading_dims=("a", "b"), prologue=True,
+                                  streams_out=True)
+    session = cuda_session(model, hcfuse_lib, "general", monkeypatch)
+    got = run_bound(session, {**feeds, **weights}, device="cuda")
+    _check(got, _reference(feeds, weights, C), dtype, f"prefill C={C} H={H} R={R}", f"prefill awkward {dtype.name}")
+    flat = {k: v.reshape(1030, -1)[:1024].reshape(4, 256, -1) for k, v in feeds.items()}
+    for name, value in run_bound(session, {**flat, **weights}, device="cuda").items():
+        assert_bitwise_equal(value.reshape(1024, -1), got[name].reshape(1030, -1)[:1024],
+                             f"C={C} H={H} R={R}: 1024 rows alone vs in 1030: {name}")
+
+
+@pytest.mark.parametrize("rows", [3, 600])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_many_branches_few_rows(hcfuse_lib, monkeypatch, rng, dtype, rows):
+    """C = 9 (two inject passes of the norm kernel) in the few-row range, 1 and 2 rows per norm block."""
+    _require_dtype(dtype)
+    C, H, R = 9, 48, 8
+    weights = random_weights(C, H, R, dtype, rng)
+    feeds = random_activations((rows,), C, H, dtype, rng, prologue=True)
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True)
+    got = run_bound(cuda_session(model, hcfuse_lib, "general", monkeypatch), {**feeds, **weights}, device="cuda")
+    _check(got, _reference(feeds, weights, C), dtype, f"C={C} rows={rows}", f"many-branches {dtype.name}")
