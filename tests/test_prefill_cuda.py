@@ -4,7 +4,7 @@
   prefill    rows >= 1024: HcPrefillSplitCount(C*H) slices (4), both GEMM algorithms planned at 1024 rows.
 
 Both ranges share HcNormInjectKernel (S, hn, inject as a fixed-order dot product per row, post_gate),
-which puts 1, 2 or 4 rows in a block depending on the row count without changing a bit.
+which puts 1, 2 or 4 rows in a block (C = 4) depending on the row count without changing a bit.
 Asserted here: the prefill range against hcfuse.reference (real shape on both sides of the boundary,
 awkward shapes: rows not a multiple of any tile or of the rows per block, H not a multiple of 64,
 small R, C = 1, C > 8 (two inject passes)); row independence across the row counts the prefill range
