@@ -21,14 +21,14 @@ cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURE
 export HCFUSE_LIBRARY=$build/libhcfuse_ops.so
 stamp built
 
-# 1. every CUDA test (and the host-compiled plan test)
-timeout "$(cap 200)" python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_cuda.py tests/test_fast_path_cuda.py \
-  tests/test_prefill_cuda.py tests/test_fast_plan.py > "$out/tests.log" 2>&1
+# 1. every CUDA test
+timeout "$(cap 170)" python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_cuda.py tests/test_fast_path_cuda.py \
+  tests/test_prefill_cuda.py > "$out/tests.log" 2>&1
 stamp "tests: $(tail -1 "$out/tests.log")"
 grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
 
 # 2. the decode benchmark
-timeout "$(cap 110)" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2 4 8 16 32 64 --dtypes bf16 fp16 \
+timeout "$(cap 90)" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2 4 8 16 32 64 --dtypes bf16 fp16 \
   --variants fast general stock --reps 3 > "$out/decode.log" 2>&1
 stamp decode
 grep -E "^\| (bf16|fp16)" "$out/decode.log" | sort -u -t'|' -k2,2 -k3,3n
@@ -37,11 +37,11 @@ grep -E "^\| (bf16|fp16)" "$out/decode.log" | sort -u -t'|' -k2,2 -k3,3n
 fast_tests=${SANITIZE_FAST:-(small_shapes and 7) or (real_shape_matches_reference and prologue-3-bf16)}
 general_tests=${SANITIZE_GENERAL:-awkward}
 for tool in memcheck racecheck synccheck; do
-  timeout "$(cap 40)" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \
+  timeout "$(cap 35)" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_fast_path_cuda.py -k "$fast_tests" > "$out/sanitize_fast_$tool.log" 2>&1
   stamp "$tool fast path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_fast_$tool.log" | tail -1) $(tail -1 "$out/sanitize_fast_$tool.log")"
 done
-timeout "$(cap 40)" compute-sanitizer --tool memcheck --kernel-name kns=Hc --error-exitcode 9 \
+timeout "$(cap 30)" compute-sanitizer --tool memcheck --kernel-name kns=Hc --error-exitcode 9 \
   python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py -k "$general_tests" > "$out/sanitize_general_memcheck.log" 2>&1
 stamp "memcheck general path: exit $? $(grep -hE "ERROR SUMMARY" "$out/sanitize_general_memcheck.log" | tail -1) $(tail -1 "$out/sanitize_general_memcheck.log")"
 
