@@ -34,6 +34,12 @@ struct GemmArgs {
   int64_t n0, n1;
   float* out;
   int64_t ldo;
+  // The block computed after this one by the same task (nullptr: none): the weight at its first
+  // column and its column count, whose first rows this block prefetches at its end; and whether the
+  // block before did so for this one.
+  const T* next = nullptr;
+  int64_t next_cols = 0;
+  bool first_prefetched = false;
 };
 
 // One instruction set's products and elementwise spans (hc_lowrank_mix_cpu_gemm.inc).
@@ -293,7 +299,9 @@ class Pass {
     const int64_t h0 = block * kFeatureBlock, h1 = std::min(H, h0 + kFeatureBlock), n = h1 - h0;
     float* g = g_ + r0 * W;
     for (int64_t c = 0; c < C; ++c) {
-      ops_.gemm({hidden_ + r0 * R, R, nr, a_.up_weight, W, R, c * H + h0, c * H + h1, g + c * H + h0, W});
+      const T* next = c + 1 < C ? a_.up_weight + (c + 1) * H + h0 : nullptr;
+      ops_.gemm({hidden_ + r0 * R, R, nr, a_.up_weight, W, R, c * H + h0, c * H + h1, g + c * H + h0, W, next, n,
+                 c > 0});
     }
     for (int64_t r = 0; r < nr; ++r) {
       float* gr = g + r * W + h0;
