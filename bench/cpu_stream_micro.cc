@@ -20,6 +20,9 @@
 #include <vector>
 
 #include "cpu/hc_lowrank_mix_cpu.h"
+#ifndef STRIP_F
+#define STRIP_F 128
+#endif
 
 #ifndef HCFUSE_MICRO_AB
 #define HCFUSE_MICRO_AB 0
@@ -310,8 +313,8 @@ void Patterns() {
           break;
         case 3:
           acc = SumStrips(down, 1, 0, half, acc);
-          for (int64_t f = 0; f < 2560; f += 128)
-            for (int c = 0; c < 4; ++c) acc = SumStrips(up + (c * 2560 + f) * 4, R, W * 4, 512, acc);
+          for (int64_t f = 0; f < 2560; f += STRIP_F)
+            for (int c = 0; c < 4; ++c) acc = SumStrips(up + (c * 2560 + f) * 4, R, W * 4, STRIP_F * 4, acc);
           break;
         case 4:
           acc = SumStrips(down, 1, 0, half, acc);

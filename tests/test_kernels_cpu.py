@@ -151,6 +151,28 @@ def test_row_independence(make_session, rng, dtype, H, R, rows, picks):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_row_independence_across_feature_blocks(make_session, rng, dtype):
+    """1-4 rows of 16-bit weights read up_weight in place in blocks of 256 features per branch, more rows
+    in blocks of 128 (float32: 128 always); H = 300 leaves 256 + 44 against 2 x 128 + 44, and C = 3
+    chains each branch's block to the next one's prefetch. A row gives the same bits alone, among 4
+    rows and among 6, all matching the reference."""
+    C, H, R, rows = 3, 300, 40, 6
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
+    want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **QWEN_ATTRS)))
+    batch = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True, **QWEN_ATTRS)
+    four = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, prologue=True, **QWEN_ATTRS,
+                      feeds={k: (v[:4] if k in ACTIVATIONS else v) for k, v in feeds.items()})
+    for name in batch:
+        assert_matches_reference(batch[name], want[name], name, f"{name} (batch of {rows})")
+        assert_bitwise_equal(four[name], batch[name][:4], f"{name}: 4 rows vs the first 4 of {rows}")
+    for r in (0, 3, 5):
+        one = {k: (v[r : r + 1] if k in ACTIVATIONS else v) for k, v in feeds.items()}
+        alone = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=one, prologue=True, **QWEN_ATTRS)
+        for name in alone:
+            assert_bitwise_equal(alone[name][0], batch[name][r], f"{name} row {r} alone vs in a batch of {rows}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_sigmoid_over_a_wide_range(make_session, rng, dtype):
     """up and Z reach far beyond +-87, where the kernel's vector sigmoid hands lanes to the scalar one
     (fp32 e subnormal or overflowing), and cover the range in between densely: bitwise equal to the
