@@ -123,7 +123,7 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
   HcLowRankMixParams p;
   p.rows = rows;
   p.C = 4;
-  p.H = 2560;
+  p.H = std::getenv("H") ? std::atoll(std::getenv("H")) : 2560;  // H=256: weights in the caches (HOT=1)
   p.R = 320;
   p.has_prologue = true;
   p.has_streams_out = true;
@@ -134,7 +134,7 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
   p.gate_mul = 2;
   const int64_t W = p.width();
   const int64_t weight_bytes = (2 * W * p.R + W * p.C + W) * static_cast<int64_t>(sizeof(T));
-  const int64_t sets = std::max<int64_t>(1, 320000000 / weight_bytes);
+  const int64_t sets = std::getenv("HOT") ? 1 : std::max<int64_t>(1, 320000000 / weight_bytes);
   uint32_t seed = 1;
   std::vector<WeightSet> ws(sets);
   for (auto& w : ws) {
@@ -167,7 +167,7 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
     }
     phase[phase_i++ % 3] = Seconds(t0, Clock::now());
   };
-  const int reps = static_cast<int>(std::max<int64_t>(6 * sets, 60));
+  const int reps = std::getenv("REPS") ? std::atoi(std::getenv("REPS")) : static_cast<int>(std::max<int64_t>(6 * sets, 60));
   volatile float sink = 0;
   int64_t i_set = 0;
   for (int rep = -2; rep < reps; ++rep) {
