@@ -1,13 +1,16 @@
 // Micro-benchmark of the CPU kernel's weight streaming, outside ONNX Runtime.
 //
 // Times, per phase (norm, down/inject, up/mix), HcLowRankMixCpu at the Qwen shape with weights read
-// cold (distinct weight sets cycling over more bytes than the L3), on 1 thread and on 2 (a spinning
-// worker plus the caller claiming tasks from an atomic counter, as ORT's pool does), and compares the
-// weight bytes per second with a plain sequential read (sum) and memcpy of the same amount of memory.
+// cold (distinct weight sets cycling over more bytes than the L3, 64-byte aligned as ORT's allocator
+// gives them), on 1 thread and on 2 (a spinning worker plus the caller claiming tasks from an atomic
+// counter, as ORT's pool does), next to a plain sequential read (a vector sum) of the same weight
+// bytes; with a second build of the kernel linked in (B), A, the read and B take turns call by call.
+// Medians per phase (a shared machine's preemptions land in a few calls, and in whole-call totals).
 //
-//   g++ -O2 -std=c++17 -ffp-contract=off -pthread -Ikernels/include -Ikernels/src \
-//       bench/cpu_stream_micro.cc kernels/src/cpu/hc_lowrank_mix_cpu.cc -o /tmp/cpu_stream_micro
-//   /tmp/cpu_stream_micro [rows...]
+//   bench/cpu_stream_micro.sh /tmp/micro [B_SRC]      builds it (B_SRC: another copy of kernels/src/cpu)
+//   /tmp/micro [rows...]                               default rows 1 4; rows 0: the access patterns alone
+//   environment: THREADS=1|2, DTYPE=float32|float16|bfloat16, H (default 2560), HOT=1 (one weight set:
+//   with H=256 it stays in the caches, what is left is compute), REPS (calls per variant)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,7 +24,7 @@
 
 #include "cpu/hc_lowrank_mix_cpu.h"
 #ifndef STRIP_F
-#define STRIP_F 128
+#define STRIP_F 128  // features per strip of the up pattern (-DSTRIP_F=64: 256-byte runs)
 #endif
 
 #ifndef HCFUSE_MICRO_AB
@@ -154,6 +157,43 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
   for (auto& v : pbo) v = Random<T>(seed, 2);
   for (auto& v : ppg) v = Random<T>(seed, 2);
   std::vector<float> scratch(HcLowRankMixCpuScratchFloats(p));
+  auto args_for = [&](const WeightSet& w, T* pre_output) {
+    HcLowRankMixCpuArgs<T> a;
+    a.streams = streams.data();
+    a.norm_scale = reinterpret_cast<const T*>(w.norm.data());
+    a.down_weight = reinterpret_cast<const T*>(w.down.data());
+    a.up_weight = reinterpret_cast<const T*>(w.up.data());
+    a.inject_weight = reinterpret_cast<const T*>(w.inject.data());
+    a.prev_block_output = pbo.data();
+    a.prev_post_gate = ppg.data();
+    a.pre_output = pre_output;
+    a.post_gate = gate.data();
+    a.streams_out = sout.data();
+    return a;
+  };
+  // B's build of the kernel on the same arguments (its types are hcfuse_b's, bit for bit the same)
+  auto run_b = [&](const HcLowRankMixCpuArgs<T>& a, const HcTaskRunner& runner) {
+#if HCFUSE_MICRO_AB
+    hcfuse_b::HcLowRankMixCpuArgs<TB> b;
+    std::memcpy(static_cast<void*>(&b), &a, sizeof a);
+    hcfuse_b::HcLowRankMixParams pb;
+    pb.rows = p.rows;
+    pb.C = p.C;
+    pb.H = p.H;
+    pb.R = p.R;
+    pb.has_prologue = p.has_prologue;
+    pb.has_streams_out = p.has_streams_out;
+    pb.epsilon = p.epsilon;
+    pb.reduction_scale = p.reduction_scale;
+    pb.silu_alpha = p.silu_alpha;
+    pb.gate_div = p.gate_div;
+    pb.gate_mul = p.gate_mul;
+    hcfuse_b::HcLowRankMixCpu<TB>(pb, b, runner, scratch.data());
+#else
+    (void)a;
+    (void)runner;
+#endif
+  };
   constexpr int kVariants = HCFUSE_MICRO_AB ? 3 : 2;  // A, sum, B
   std::vector<double> phases[kVariants][3];
   double phase[3];
@@ -173,17 +213,7 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
   for (int rep = -2; rep < reps; ++rep) {
     for (int variant = 0; variant < kVariants; ++variant) {
       const WeightSet& w = ws[i_set++ % sets];
-      HcLowRankMixCpuArgs<T> a;
-      a.streams = streams.data();
-      a.norm_scale = reinterpret_cast<const T*>(w.norm.data());
-      a.down_weight = reinterpret_cast<const T*>(w.down.data());
-      a.up_weight = reinterpret_cast<const T*>(w.up.data());
-      a.inject_weight = reinterpret_cast<const T*>(w.inject.data());
-      a.prev_block_output = pbo.data();
-      a.prev_post_gate = ppg.data();
-      a.pre_output = variant == 2 ? pre_b.data() : pre.data();
-      a.post_gate = gate.data();
-      a.streams_out = sout.data();
+      const HcLowRankMixCpuArgs<T> a = args_for(w, variant == 2 ? pre_b.data() : pre.data());
       phase_i = 0;
       if (variant == 0) {
         HcLowRankMixCpu<T>(p, a, run, scratch.data());
@@ -207,15 +237,7 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
         phase[1] = phase[0];
         phase[0] = 0;
       } else {
-#if HCFUSE_MICRO_AB
-        hcfuse_b::HcLowRankMixCpuArgs<TB> b;
-        std::memcpy(static_cast<void*>(&b), &a, sizeof a);
-        hcfuse_b::HcLowRankMixParams pb;
-        pb.rows = p.rows; pb.C = p.C; pb.H = p.H; pb.R = p.R; pb.has_prologue = true; pb.has_streams_out = true;
-        pb.epsilon = p.epsilon; pb.reduction_scale = p.reduction_scale; pb.silu_alpha = p.silu_alpha;
-        pb.gate_div = p.gate_div; pb.gate_mul = p.gate_mul;
-        hcfuse_b::HcLowRankMixCpu<TB>(pb, b, run, scratch.data());
-#endif
+        run_b(a, run);
       }
       if (rep >= 0)
         for (int j = 0; j < 3; ++j) phases[variant][j].push_back(phase[j]);
@@ -237,29 +259,8 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
                 median(phases[variant][1]) * 1e3, median(phases[variant][2]) * 1e3);
   }
   if (HCFUSE_MICRO_AB) {  // A and B on the same weights
-    HcLowRankMixCpuArgs<T> a;
-    const WeightSet& w = ws[0];
-    a.streams = streams.data();
-    a.norm_scale = reinterpret_cast<const T*>(w.norm.data());
-    a.down_weight = reinterpret_cast<const T*>(w.down.data());
-    a.up_weight = reinterpret_cast<const T*>(w.up.data());
-    a.inject_weight = reinterpret_cast<const T*>(w.inject.data());
-    a.prev_block_output = pbo.data();
-    a.prev_post_gate = ppg.data();
-    a.pre_output = pre.data();
-    a.post_gate = gate.data();
-    a.streams_out = sout.data();
-    HcLowRankMixCpu<T>(p, a, run, scratch.data());
-#if HCFUSE_MICRO_AB
-    hcfuse_b::HcLowRankMixCpuArgs<TB> b;
-    std::memcpy(static_cast<void*>(&b), &a, sizeof a);
-    b.pre_output = reinterpret_cast<TB*>(pre_b.data());
-    hcfuse_b::HcLowRankMixParams pb;
-    pb.rows = p.rows; pb.C = p.C; pb.H = p.H; pb.R = p.R; pb.has_prologue = true; pb.has_streams_out = true;
-    pb.epsilon = p.epsilon; pb.reduction_scale = p.reduction_scale; pb.silu_alpha = p.silu_alpha;
-    pb.gate_div = p.gate_div; pb.gate_mul = p.gate_mul;
-    hcfuse_b::HcLowRankMixCpu<TB>(pb, b, run, scratch.data());
-#endif
+    HcLowRankMixCpu<T>(p, args_for(ws[0], pre.data()), run, scratch.data());
+    run_b(args_for(ws[0], pre_b.data()), run);
   }
   if (HCFUSE_MICRO_AB && std::memcmp(pre.data(), pre_b.data(), pre.size() * sizeof(T)) != 0)
     std::printf("  A and B differ in pre_output\n");

@@ -6,6 +6,8 @@
 //   3. up -> g and pre_output per (row tile, block of features h, all C branches).
 // The products run in hc_lowrank_mix_cpu_gemm.inc, compiled for AVX-512, AVX2 and plain x86-64 (or
 // the target's default) and picked at run time; the variants differ only in FMA (see the header).
+// At 1-4 rows they are bound by reading the weights from memory: tiles prefetch the next tile as
+// they consume this one, and up_weight (rows a page or more apart) is swept row by row instead.
 #include "cpu/hc_lowrank_mix_cpu.h"
 
 #include <algorithm>
