@@ -3,7 +3,7 @@
 # copy of kernels/src/cpu (B: a folder holding cpu/hc_lowrank_mix_cpu.{h,cc} and the .inc), compiled
 # into the namespace hcfuse_b, so that one process times both, call by call, on the same machine load.
 #
-#   bench/cpu_stream_micro.sh OUT [B_SRC]      e.g.  mkdir -p /tmp/old && git show HEAD~1:... (see below)
+#   bench/cpu_stream_micro.sh OUT [B_SRC]      B_SRC: see the last lines of this comment
 #   THREADS=1 DTYPE=float32 OUT 1 4            rows 1 and 4; H=256 HOT=1: weights that stay in the caches
 #   OUT 0                                      the access-pattern reads only (no kernel)
 #
