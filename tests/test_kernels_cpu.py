@@ -150,6 +150,43 @@ def test_row_independence(make_session, rng, dtype, H, R, rows, picks):
             assert_bitwise_equal(alone[name][0], batch[name][r], f"{name} row {r} alone vs in a batch of {rows}")
 
 
+def check_rows_alone_among_4_and_6(make_session, rng, *, C, H, R, dtype):
+    """6 rows against the reference; the first 4 rows as a batch and rows 0, 3 and 5 alone give the
+    same bits as inside the 6 (1-4 rows and more rows take different code paths)."""
+    rows = 6
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng, prologue=True)}
+    want = dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C, **QWEN_ATTRS)))
+    batch = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True, **QWEN_ATTRS)
+    four = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, prologue=True, **QWEN_ATTRS,
+                      feeds={k: (v[:4] if k in ACTIVATIONS else v) for k, v in feeds.items()})
+    for name in batch:
+        assert_matches_reference(batch[name], want[name], name, f"{name} (H={H}, R={R}, batch of {rows})")
+        assert_bitwise_equal(four[name], batch[name][:4], f"{name}: 4 rows vs the first 4 of {rows}")
+    for r in (0, 3, 5):
+        one = {k: (v[r : r + 1] if k in ACTIVATIONS else v) for k, v in feeds.items()}
+        alone = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=one, prologue=True, **QWEN_ATTRS)
+        for name in alone:
+            assert_matches_reference(alone[name], want[name][r : r + 1], name, f"{name} row {r} alone (H={H}, R={R})")
+            assert_bitwise_equal(alone[name][0], batch[name][r], f"{name} row {r} alone vs in a batch of {rows}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_row_independence_across_feature_blocks(make_session, rng, dtype):
+    """1-4 rows of 16-bit weights read up_weight in place in blocks of 256 features per branch, more rows
+    in blocks of 128 (float32: 128 always); H = 300 leaves 256 + 44 against 2 x 128 + 44, and C = 3
+    chains each branch's block to the next one's prefetch."""
+    check_rows_alone_among_4_and_6(make_session, rng, C=3, H=300, R=40, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("R", [7, 37])
+def test_streamed_up_product(make_session, rng, dtype, R):
+    """up_weight rows of C * H = 4400 columns lie 8.8-17.6 KB apart (>= 4 KB): 1-4 rows sweep them row
+    by row, four rows of k at a time (R = 7 and 37 leave tails of 3 and 1, and 37 reaches the
+    prefetch's row distance of 32), more rows go through the tiles."""
+    check_rows_alone_among_4_and_6(make_session, rng, C=4, H=1100, R=R, dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_sigmoid_over_a_wide_range(make_session, rng, dtype):
     """up and Z reach far beyond +-87, where the kernel's vector sigmoid hands lanes to the scalar one

@@ -6,6 +6,8 @@
 //   3. up -> g and pre_output per (row tile, block of features h, all C branches).
 // The products run in hc_lowrank_mix_cpu_gemm.inc, compiled for AVX-512, AVX2 and plain x86-64 (or
 // the target's default) and picked at run time; the variants differ only in FMA (see the header).
+// At 1-4 rows they are bound by reading the weights from memory: tiles prefetch the next tile as
+// they consume this one, and up_weight (rows a page or more apart) is swept row by row instead.
 #include "cpu/hc_lowrank_mix_cpu.h"
 
 #include <algorithm>
@@ -34,6 +36,12 @@ struct GemmArgs {
   int64_t n0, n1;
   float* out;
   int64_t ldo;
+  // The block computed after this one by the same task (nullptr: none): the weight at its first
+  // column and its column count, whose first rows this block prefetches at its end; and whether the
+  // block before did so for this one.
+  const T* next = nullptr;
+  int64_t next_cols = 0;
+  bool first_prefetched = false;
 };
 
 // One instruction set's products and elementwise spans (hc_lowrank_mix_cpu_gemm.inc).
@@ -185,7 +193,12 @@ CpuOps<T> PickOps() {
 }
 
 constexpr int64_t kColumnBlock = 160;   // down / inject output columns per task: R = 320 in two halves
-constexpr int64_t kFeatureBlock = 128;  // features h per up/mix task (C * 128 output columns)
+// Features h per up/mix task (C * that many output columns): 128, or 256 where 16-bit weights are read
+// in place (1-4 rows), so that a task reads 512 bytes of each up_weight row per branch either way
+// (a 256-byte run per 20 KB row streamed at about 8 GB/s against 12 for 512 bytes and more,
+// bench/cpu_stream_micro.cc).
+constexpr int64_t kFeatureBlock = 128;
+constexpr int64_t kFeatureBlockMax = 256;
 constexpr int64_t kSpan = 256;          // elementwise work in stack spans of this many floats
 constexpr int64_t kNormRows = 4;        // rows per norm task (their sums of squares interleaved)
 
@@ -208,7 +221,7 @@ class Pass {
     run(CeilDiv(rows_, kNormRows) * C, [this, C](int64_t task) { Norm(task / C, task % C); });
     const int64_t column_blocks = CeilDiv(p_.R, kColumnBlock) + CeilDiv(C, kColumnBlock);
     run(column_blocks * tiles_, [this](int64_t task) { DownInject(task / tiles_, task % tiles_); });
-    run(CeilDiv(p_.H, kFeatureBlock) * tiles_, [this](int64_t task) { UpMix(task / tiles_, task % tiles_); });
+    run(CeilDiv(p_.H, feature_block_) * tiles_, [this](int64_t task) { UpMix(task / tiles_, task % tiles_); });
   }
 
  private:
@@ -290,15 +303,17 @@ class Pass {
   void UpMix(int64_t block, int64_t tile) {
     const int64_t R = p_.R, C = p_.C, H = p_.H, W = p_.width();
     const int64_t r0 = tile * kHcCpuRowTile, nr = std::min(kHcCpuRowTile, rows_ - r0);
-    const int64_t h0 = block * kFeatureBlock, h1 = std::min(H, h0 + kFeatureBlock), n = h1 - h0;
+    const int64_t h0 = block * feature_block_, h1 = std::min(H, h0 + feature_block_), n = h1 - h0;
     float* g = g_ + r0 * W;
     for (int64_t c = 0; c < C; ++c) {
-      ops_.gemm({hidden_ + r0 * R, R, nr, a_.up_weight, W, R, c * H + h0, c * H + h1, g + c * H + h0, W});
+      const T* next = c + 1 < C ? a_.up_weight + (c + 1) * H + h0 : nullptr;
+      ops_.gemm({hidden_ + r0 * R, R, nr, a_.up_weight, W, R, c * H + h0, c * H + h1, g + c * H + h0, W, next, n,
+                 c > 0});
     }
     for (int64_t r = 0; r < nr; ++r) {
       float* gr = g + r * W + h0;
       const float* hn = hn_ + (r0 + r) * W + h0;
-      float mix[kFeatureBlock] = {};
+      float mix[kFeatureBlockMax] = {};
       for (int64_t c = 0; c < C; ++c) {
         float* v = gr + c * H;
         ops_.round(v, n);  // rounding point: up
@@ -316,6 +331,7 @@ class Pass {
   const HcLowRankMixCpuArgs<T>& a_;
   const CpuOps<T> ops_;
   const int64_t row0_, rows_, tiles_;
+  const int64_t feature_block_ = sizeof(T) == 2 && rows_ <= 4 ? kFeatureBlockMax : kFeatureBlock;
   float* hn_;      // rows x W: S, then hn
   float* g_;       // rows x W: up accumulators, then g
   float* hidden_;  // rows x R

@@ -13,6 +13,8 @@
 // Work is split over OUTPUT elements only, never over a sum: the norm per (row, branch), the
 // down/inject products per block of output columns, the up product, g and pre_output per block of
 // features h (all C branches of it). Rows go in tiles of kHcCpuRowTile that share each weight read.
+// How a product walks its weight (tiles of k, or k outer for 1-4 rows over long weight rows) and how
+// many features a task takes (128 or 256) vary with the row count; no column's arithmetic does.
 // Every output's sequence of operations is fixed, whatever the tiling, blocking or thread (on one
 // instruction set), so a row gives the same bits at any batch size and with any number of threads.
 #pragma once
