@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cpu/hc_lowrank_mix_cpu.h"
+#include "qwen_params.h"
 #ifndef STRIP_F
 #define STRIP_F 128  // features per strip of the up pattern (-DSTRIP_F=64: 256-byte runs)
 #endif
@@ -123,18 +124,9 @@ struct WeightSet {
 // sequential sum of the same weight bytes.
 template <typename T, typename TB>
 void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
-  HcLowRankMixParams p;
-  p.rows = rows;
-  p.C = 4;
-  p.H = std::getenv("H") ? std::atoll(std::getenv("H")) : 2560;  // H=256: weights in the caches (HOT=1)
-  p.R = 320;
-  p.has_prologue = true;
-  p.has_streams_out = true;
-  p.epsilon = 1e-6f;
-  p.reduction_scale = 0.25f;
-  p.silu_alpha = 0.25f;
-  p.gate_div = 4;
-  p.gate_mul = 2;
+  // H=256: weights in the caches (HOT=1)
+  const HcLowRankMixParams p =
+      hcfuse_bench::QwenParams(rows, true, std::getenv("H") ? std::atoll(std::getenv("H")) : hcfuse_bench::kQwenH);
   const int64_t W = p.width();
   const int64_t weight_bytes = (2 * W * p.R + W * p.C + W) * static_cast<int64_t>(sizeof(T));
   const int64_t sets = std::getenv("HOT") ? 1 : std::max<int64_t>(1, 320000000 / weight_bytes);

@@ -24,13 +24,14 @@
 #include <vector>
 
 #include "cuda/hc_fast_path.h"
+#include "qwen_params.h"
 
 namespace {
 
 using hcfuse::HcFastDesign;
 using T = __nv_bfloat16;
 
-constexpr int kC = 4, kH = 2560, kR = 320, kK = kC * kH, kSets = 8;
+constexpr int kC = hcfuse_bench::kQwenC, kH = hcfuse_bench::kQwenH, kR = hcfuse_bench::kQwenR, kK = kC * kH, kSets = 8;
 constexpr int kCtas = 256;  // records per kernel slot (fast::kTimelineCtas)
 constexpr int kFields = 9;  // start, waited, end (ns), waited, end (SM cycles), 4 phases (ns; plain design)
 
@@ -89,22 +90,7 @@ void CheckLaunch(const hcfuse::cuda::HcLaunchStatus& s) {
   }
 }
 
-hcfuse::HcLowRankMixParams Params(int rows, bool prologue) {
-  hcfuse::HcLowRankMixParams p;
-  p.rows = rows;
-  p.C = kC;
-  p.H = kH;
-  p.R = kR;
-  p.has_prologue = prologue;
-  p.has_streams_out = true;
-  p.epsilon = 1e-6f;
-  p.reduction_scale = 0.25f;
-  p.silu_alpha = 0.25f;
-  p.gate_div = 4.0f;
-  p.gate_mul = 2.0f;
-  p.leading_dims = {rows};
-  return p;
-}
+hcfuse::HcLowRankMixParams Params(int rows, bool prologue) { return hcfuse_bench::QwenParams(rows, prologue); }
 
 // Enqueues blocks [0, n) on `stream`; slots 2b, 2b + 1 of the timeline for block b when timeline is set.
 struct Config {

@@ -129,7 +129,7 @@ __device__ __forceinline__ void Mma(float (&d)[4], const unsigned (&a)[4], const
 __device__ __forceinline__ void MbarrierInit(unsigned long long* bar, unsigned count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(bar)), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the copy engine
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the copy engine and the peers
 #else
   __trap();
 #endif

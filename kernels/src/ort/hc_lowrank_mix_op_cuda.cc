@@ -62,11 +62,10 @@ PathChoice ReadForcedPath() {
 // copied and HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores
 // (results never change), HCFUSE_FAST_CLUSTER its
 // cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
-// Batched stage 1 is the default: measured on the H200 (bench/README.md, issue 15) it is faster in
-// bf16 at 1-16 rows and, since the leaner mma loop, in fp16 too (0.0-1.0 us per block at 1-16 rows).
+// The defaults are HcFastTuning's (batched stage 1 included: measured faster in bf16 and fp16 on the
+// H200, bench/README.md, issue 15).
 HcFastTuning ReadFastTuning() {
   HcFastTuning tuning;
-  tuning.batched_stage1 = true;
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
                              std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
                              std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster}}) {
