@@ -127,6 +127,8 @@ class ChainRunner:
             env["HCFUSE_FORCE_PATH"] = "" if path == "auto" else path  # empty: the op picks
             if design in ("batched", "unbatched"):  # the cluster design with or without stage 1's batched loads
                 env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1" if design == "batched" else "0")
+            elif design == "generic":  # the generic kernels where the real shape's would run
+                env["HCFUSE_FAST_REAL_SHAPE"] = "0"
             elif design:
                 env["HCFUSE_FAST_DESIGN"] = design
             if tuning:

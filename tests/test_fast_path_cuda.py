@@ -254,6 +254,24 @@ def test_batched_stage1_gives_the_same_bits(fast_session, rng, monkeypatch, dtyp
     _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, "HCFUSE_FAST_BATCH", "0", "1")
 
 
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@SAME_BITS_CASES
+@pytest.mark.parametrize("batch", ["1", "0"], ids=["batched", "unbatched"])
+def test_real_shape_kernels_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, batch):
+    """The real shape's kernels (its tiling as compile-time constants, RealShapeDims in hc_fast_path.cu)
+    run the generic kernels' arithmetic, so HCFUSE_FAST_REAL_SHAPE=1 (the default) and =0 agree bit for
+    bit; for the small shapes both settings run the generic kernels."""
+    monkeypatch.setenv("HCFUSE_FAST_BATCH", batch)
+    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_REAL_SHAPE", "0", "1")
+
+
+def test_bad_real_shape_value_is_a_clear_error(fast_session, rng, monkeypatch):
+    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
+    monkeypatch.setenv("HCFUSE_FAST_REAL_SHAPE", "2")
+    with pytest.raises(Exception, match="HCFUSE_FAST_REAL_SHAPE must be 0 or 1"):
+        fast_session(model)
+
+
 def test_bad_batch_value_is_a_clear_error(fast_session, rng, monkeypatch):
     model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
     monkeypatch.setenv("HCFUSE_FAST_BATCH", "yes")

@@ -40,14 +40,39 @@ using FastDims = HcFastClusterDims;
 using Stage1Layout = HcFastStage1Layout;
 using Stage2Layout = HcFastStage2Layout;
 
+// The real shape's tiling with clusters of 8 (C=4, H=2560, R=320: Qwen3.8-Flash-Next) as compile-time
+// constants. The kernels are templates on their dims type D; with D = RealShapeDims, `d.ks` and the rest
+// name these constants (they hide the base's fields of the same name), so the post-wait index math
+// folds into shifts and constant multiplies instead of runtime divisions and 64-bit arithmetic on
+// loaded values (one warp's instruction stream is the critical path there: bench/README.md). The
+// arithmetic on data is the generic kernels', so are the bits; the launcher takes it only when the
+// plan's dims equal these constants.
+struct RealShapeDims : FastDims {
+  static constexpr int C = 4, H = 2560, R = 320, K = 10240, np = 324;
+  static constexpr int ks = 80, ldb1 = 328, lda1 = 88, cpb = 32, per1 = 48, groups = 16, g4 = 16;
+  static constexpr int hs = 16, n2 = 64, ldu = 72, piece = 8, rp = 320, lda2 = 328, per2 = 40;
+  static bool Matches(const FastDims& d, int cluster) {
+    const FastDims& b = d;
+    return cluster == 8 && b.C == C && b.H == H && b.R == R && b.K == K && b.np == np && b.ks == ks && b.ldb1 == ldb1 &&
+           b.lda1 == lda1 && b.cpb == cpb && b.per1 == per1 && b.groups == groups && b.g4 == g4 && b.hs == hs &&
+           b.n2 == n2 && b.ldu == ldu && b.piece == piece && b.rp == rp && b.lda2 == lda2 && b.per2 == per2;
+  }
+  static RealShapeDims From(const FastDims& d) {
+    RealShapeDims r;
+    static_cast<FastDims&>(r) = d;
+    return r;
+  }
+};
+
+
 // ------------------------------------------------------------------------------------------------
 // Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue. BATCH
 // (HCFUSE_FAST_BATCH=1, same bits): a lane's stream loads of a part are issued together (one L2 round
 // trip instead of one per 128 features: 3 at H = 2560), and streams_out / hn_out are stored after the
 // pass's last cluster barrier (its release is a GPU-scope MEMBAR in SASS that waits for every global
 // store still in flight).
-template <typename T, int CL, bool PRO, bool BATCH>
-__device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const FastDims& d, float* __restrict__ partials,
+template <typename T, int CL, bool PRO, bool BATCH, typename D>
+__device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d, float* __restrict__ partials,
                                            T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   TimelineMark(d.timeline, d.slot, kTimelineStart);
@@ -280,9 +305,9 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const Fast
   TimelineEndOfCta(d.timeline, d.slot);
 }
 
-template <typename T, int CL, bool PRO>
+template <typename T, int CL, bool PRO, typename D = FastDims>
 __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
-    HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
+    HcFastArgs<T> args, D d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   Stage1Body<T, CL, PRO, false>(args, d, partials, hn_out, weights_are_constant);
 }
 
@@ -290,17 +315,17 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
 // default 56, with a spill): stage 1 + stage 2 + the next stage 1 then no longer fit the SM's 64K
 // registers at once (one kernel ahead instead of two). fp16's default stage 1 already takes 72 and is
 // the faster one; capping at 56 (__maxnreg__) spills 240 bytes, reloaded after cluster barriers.
-template <typename T, int CL, bool PRO>
+template <typename T, int CL, bool PRO, typename D = FastDims>
 __global__ void __launch_bounds__(kStage1Threads) HcFastStage1BatchedKernel(
-    HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
+    HcFastArgs<T> args, D d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   Stage1Body<T, CL, PRO, true>(args, d, partials, hn_out, weights_are_constant);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Stage 2.
-template <typename T, int CL>
+template <typename T, int CL, typename D = FastDims>
 __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
-    HcFastArgs<T> args, FastDims d, const float* __restrict__ partials, const T* __restrict__ hn_in,
+    HcFastArgs<T> args, D d, const float* __restrict__ partials, const T* __restrict__ hn_in,
     bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   TimelineMark(d.timeline, d.slot + 1, kTimelineStart);
@@ -433,21 +458,34 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
 // Host side.
 // Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
+template <typename T, int CL, typename D>
+cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPlan& plan, const D& d, void* scratch,
+                                      cudaStream_t stream, bool weights_are_constant) {
+  float* partials = static_cast<float*>(scratch);
+  T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
+  const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
+                              : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
+  cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
+                           stream, args, d, partials, hn, weights_are_constant);
+  if (err != cudaSuccess) return {"stage 1 kernel", err};
+  err = Launch(HcFastStage2Kernel<T, CL, D>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL,
+               plan.use_pdl, stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn),
+               weights_are_constant);
+  if (err != cudaSuccess) return {"stage 2 kernel", err};
+  return {};
+}
+
+// The real shape's kernels where the plan's tiling is theirs (RealShapeDims), the generic ones elsewhere.
 template <typename T, int CL>
 cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& plan, void* scratch,
                                   cudaStream_t stream, bool weights_are_constant) {
   const FastDims& d = plan.cluster_dims;
-  float* partials = static_cast<float*>(scratch);
-  T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
-  const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true> : HcFastStage1BatchedKernel<T, CL, false>)
-                              : (d.has_prologue ? HcFastStage1Kernel<T, CL, true> : HcFastStage1Kernel<T, CL, false>);
-  cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
-                           stream, args, d, partials, hn, weights_are_constant);
-  if (err != cudaSuccess) return {"stage 1 kernel", err};
-  err = Launch(HcFastStage2Kernel<T, CL>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL, plan.use_pdl,
-               stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
-  if (err != cudaSuccess) return {"stage 2 kernel", err};
-  return {};
+  if constexpr (CL == 8) {
+    if (plan.real_shape_kernels && RealShapeDims::Matches(d, CL)) {
+      return LaunchStagesWith<T, CL>(args, plan, RealShapeDims::From(d), scratch, stream, weights_are_constant);
+    }
+  }
+  return LaunchStagesWith<T, CL>(args, plan, d, scratch, stream, weights_are_constant);
 }
 
 // How many clusters (or CTAs without clusters) of `kernel` the device holds at once, alone.

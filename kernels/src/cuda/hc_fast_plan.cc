@@ -198,6 +198,7 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
 
   HcFastPlan plan;
   plan.use_pdl = HcFastUsesSm90Features(caps.sm_major);
+  plan.real_shape_kernels = tuning.real_shape_kernels;
   const size_t rows = static_cast<size_t>(params.rows);
   if (PlainRuns(params, caps.sm_major, tuning)) {
     const HcFastPlainDims& d = plan.plain_dims = PlainDims(params, tuning);

@@ -72,6 +72,9 @@ struct HcFastTuning {
   // the pass's last cluster barrier (hc_fast_path.cu, HcFastStage1Kernel's BATCH; same bits)
   // (the default for both types, measured faster; HCFUSE_FAST_BATCH=0 turns it off)
   bool batched_stage1 = true;
+  // cluster design: the real shape's kernels compiled with its tiling as constants where the call's
+  // tiling is theirs (hc_fast_path.cu, RealShapeDims; same bits; HCFUSE_FAST_REAL_SHAPE=0 turns it off)
+  bool real_shape_kernels = true;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };
@@ -130,7 +133,8 @@ struct HcFastPlainDims {
 // ---- Shared-memory layouts (bytes), the same on host and device.
 struct HcFastStage1Layout {
   size_t tile, a, scale, s_slice, part_sum, red, total;
-  HCFUSE_HOST_DEVICE explicit HcFastStage1Layout(const HcFastClusterDims& d, int cluster) {
+  template <typename D>  // HcFastClusterDims, or a type whose constant fields hide its fields (hc_fast_path.cu)
+  HCFUSE_HOST_DEVICE explicit HcFastStage1Layout(const D& d, int cluster) {
     tile = 0;                                                       // T [ks][ldb1]
     a = tile + size_t{2} * d.ks * d.ldb1;                           // T [rt + 1][lda1] (last row zero)
     scale = a + size_t{2} * (d.rt + 1) * d.lda1;                    // T [ks]
@@ -143,7 +147,8 @@ struct HcFastStage1Layout {
 
 struct HcFastStage2Layout {
   size_t tile, a, hn, g, bar, total;
-  HCFUSE_HOST_DEVICE explicit HcFastStage2Layout(const HcFastClusterDims& d) {
+  template <typename D>
+  HCFUSE_HOST_DEVICE explicit HcFastStage2Layout(const D& d) {
     tile = 0;                                         // T [rp][ldu]
     a = tile + size_t{2} * d.rp * d.ldu;              // T [rt + 1][lda2] (last row zero)
     hn = a + size_t{2} * (d.rt + 1) * d.lda2;         // T [rt][n2]
@@ -196,6 +201,7 @@ struct HcFastPlan {
   HcFastScratch scratch;          // all zero for zero rows
   HcFastClusterDims cluster_dims{};  // the kernels' arguments when design == kCluster
   HcFastPlainDims plain_dims{};      // when design == kPlain
+  bool real_shape_kernels = true;    // HcFastTuning::real_shape_kernels
 
   bool ok() const { return reason.empty(); }
   size_t shared_memory_bytes() const {

@@ -59,8 +59,9 @@ PathChoice ReadForcedPath() {
 
 // HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split and
 // HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels, HCFUSE_FAST_BULK (0|1) how weight tiles are
-// copied and HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores
-// (results never change), HCFUSE_FAST_CLUSTER its
+// copied, HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores and
+// HCFUSE_FAST_REAL_SHAPE (0|1) whether the real shape runs its constant-tiling kernels (results never
+// change), HCFUSE_FAST_CLUSTER its
 // cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
 // The defaults are HcFastTuning's (batched stage 1 included: measured faster in bf16 and fp16 on the
 // H200, bench/README.md, issue 15).
@@ -91,19 +92,16 @@ HcFastTuning ReadFastTuning() {
                            ORT_INVALID_ARGUMENT);
     }
   }
-  if (const char* bulk = std::getenv("HCFUSE_FAST_BULK"); bulk != nullptr && *bulk != '\0') {
-    if (std::strcmp(bulk, "0") != 0 && std::strcmp(bulk, "1") != 0) {
-      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_BULK must be 0 or 1; got '" + bulk + "'",
+  for (auto [name, field] : {std::pair{"HCFUSE_FAST_BULK", &tuning.bulk_copies},
+                             std::pair{"HCFUSE_FAST_BATCH", &tuning.batched_stage1},
+                             std::pair{"HCFUSE_FAST_REAL_SHAPE", &tuning.real_shape_kernels}}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
+      throw Ort::Exception(std::string(kOpName) + ": " + name + " must be 0 or 1; got '" + value + "'",
                            ORT_INVALID_ARGUMENT);
     }
-    tuning.bulk_copies = *bulk == '1';
-  }
-  if (const char* batch = std::getenv("HCFUSE_FAST_BATCH"); batch != nullptr && *batch != '\0') {
-    if (std::strcmp(batch, "0") != 0 && std::strcmp(batch, "1") != 0) {
-      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_BATCH must be 0 or 1; got '" + batch + "'",
-                           ORT_INVALID_ARGUMENT);
-    }
-    tuning.batched_stage1 = *batch == '1';
+    *field = *value == '1';
   }
   if (tuning.cluster != 0 && tuning.cluster != 4 && tuning.cluster != 8) {
     throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_CLUSTER must be 4 or 8; got " +
