@@ -68,6 +68,11 @@ struct Chain {
 };
 
 // The library's plan for one block on an sm_90 device (forced: any row count), PDL as the config says.
+bool EnvFlag(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
 hcfuse::HcFastPlan Plan(const hcfuse::HcLowRankMixParams& p, const hcfuse::HcFastTuning& tuning, bool pdl) {
   hcfuse::HcDeviceCaps caps;
   caps.sm_major = 9;
@@ -117,8 +122,9 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     hcfuse::HcFastTuning tuning;
     tuning.design = cfg.design;
     tuning.bulk_copies = cfg.bulk;
-    const char* batch = std::getenv("HCFUSE_FAST_BATCH");  // batched stage 1 (the default) unless "0"
-    tuning.batched_stage1 = batch == nullptr || std::strcmp(batch, "0") != 0;
+    // HCFUSE_FAST_BATCH / HCFUSE_FAST_REAL_SHAPE: on (the defaults) unless "0", as in the library
+    tuning.batched_stage1 = EnvFlag("HCFUSE_FAST_BATCH");
+    tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
