@@ -73,12 +73,12 @@ bool EnvFlag(const char* name) {
 }
 
 // The library's plan for one block on an sm_90 device (forced: any row count), PDL as the config says.
-// HCFUSE_TIMELINE_SMEM_PAD (bytes, probe only) adds to both stages' shared memory: fewer kernels then fit
-// next to the running one, which shows what running further ahead costs or gains.
 hcfuse::HcFastPlan Plan(const hcfuse::HcLowRankMixParams& p, const hcfuse::HcFastTuning& tuning, bool pdl) {
   hcfuse::HcDeviceCaps caps;
   caps.sm_major = 9;
   caps.max_shared_memory_per_block = 227 * 1024;
+  caps.shared_memory_per_sm = 228 * 1024;  // an H100/H200's, as the library reads them
+  caps.reserved_shared_memory_per_block = 1024;
   hcfuse::HcFastRequest request;
   request.forced = true;
   hcfuse::HcFastPlan plan = hcfuse::HcFastPlanFor(p, caps, tuning, request);
@@ -87,10 +87,6 @@ hcfuse::HcFastPlan Plan(const hcfuse::HcLowRankMixParams& p, const hcfuse::HcFas
     std::exit(1);
   }
   plan.use_pdl = pdl;
-  if (const char* pad = std::getenv("HCFUSE_TIMELINE_SMEM_PAD"); pad != nullptr) {
-    plan.stage1_shared_bytes += std::strtoul(pad, nullptr, 10);
-    plan.stage2_shared_bytes += std::strtoul(pad, nullptr, 10);
-  }
   return plan;
 }
 
@@ -131,6 +127,7 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     // HCFUSE_FAST_BATCH / HCFUSE_FAST_REAL_SHAPE: on (the defaults) unless "0", as in the library
     tuning.batched_stage1 = EnvFlag("HCFUSE_FAST_BATCH");
     tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
+    if (const char* ahead = std::getenv("HCFUSE_FAST_AHEAD")) tuning.kernels_ahead = std::atoi(ahead);
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);

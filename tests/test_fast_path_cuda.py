@@ -265,6 +265,21 @@ def test_real_shape_kernels_give_the_same_bits(fast_session, rng, monkeypatch, d
     _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_REAL_SHAPE", "0", "1")
 
 
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("rows", [1, 16])
+def test_kernels_ahead_gives_the_same_bits(fast_session, rng, monkeypatch, dtype, rows):
+    """HCFUSE_FAST_AHEAD (how many later kernels may wait next to the real shape's kernels: 1, the
+    default, pads their shared memory; 0 does not) changes only where CTAs run, never a bit."""
+    _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_AHEAD", "0", "1")
+
+
+def test_bad_kernels_ahead_value_is_a_clear_error(fast_session, rng, monkeypatch):
+    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
+    monkeypatch.setenv("HCFUSE_FAST_AHEAD", "-1")
+    with pytest.raises(Exception, match="HCFUSE_FAST_AHEAD must be an integer >= 0"):
+        fast_session(model)
+
+
 def test_bad_real_shape_value_is_a_clear_error(fast_session, rng, monkeypatch):
     model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
     monkeypatch.setenv("HCFUSE_FAST_REAL_SHAPE", "2")

@@ -197,3 +197,60 @@ def test_batched_stage_1_changes_no_tiling(plan):
     batched, plain = plan(rows=4, batch=1), plan(rows=4, batch=0)
     assert batched["dims"].pop("batch") is True and plain["dims"].pop("batch") is False
     assert batched == plain
+
+
+# ---- the real shape's kernels and how many kernels wait ahead of them
+
+# An H100/H200: 228 KiB of shared memory per SM, 1 KiB of it reserved for each resident block.
+H200 = {"smem_sm": 228 * 1024, "smem_reserved": 1024}
+
+
+def fits(blocks: list[int], sm: int = 228 * 1024, reserved: int = 1024) -> bool:
+    return sum(b + reserved for b in blocks) <= sm
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16])
+def test_real_shape_kernels_run_with_one_kernel_ahead(plan, rows):
+    """The real shape's constant-tiling kernels take 40 registers, so shared memory alone limits how
+    many kernels' CTAs share an SM; the plan pads both stages so that one later kernel's CTA waits next to
+    a running one (two fit an SM, three do not), the measured best."""
+    p = plan(rows=rows, **H200)
+    assert p["ok"] and p["real_shape_kernels"] is True, p
+    s1, s2 = p["stage1_shared_bytes"], p["stage2_shared_bytes"]
+    # the floor: more than a third of the SM less the reservation (233472 / 3 - 1024 = 76800), in 128 bytes
+    assert (s1, s2) == (max(stage1_bytes(rows), 76928), max(stage2_bytes(rows), 76928))
+    assert fits([s1, s2]) and fits([s2, s2]) and fits([s1, s1])
+    assert not fits([min(s1, s2)] * 3)
+    # the tiling and everything else are the unpadded plan's
+    unpadded = plan(rows=rows, ahead=0, **H200)
+    assert (unpadded["stage1_shared_bytes"], unpadded["stage2_shared_bytes"]) == (stage1_bytes(rows), stage2_bytes(rows))
+    for key in ("stage1_shared_bytes", "stage2_shared_bytes", "shared_memory_bytes"):
+        p.pop(key), unpadded.pop(key)
+    assert p == unpadded
+
+
+def test_kernels_ahead_sets_the_shared_memory_floor(plan):
+    two = plan(rows=1, ahead=2, **H200)  # three fit, four do not: 233472 / 4 - 1024 = 57344, in 128 bytes
+    assert (two["stage1_shared_bytes"], two["stage2_shared_bytes"]) == (57472, 57472)
+    assert fits([57472] * 3) and not fits([57472] * 4)
+    # a floor the stages cannot keep (16 rows of stage 1 do not fit three to an SM) pads nothing
+    big = plan(rows=16, ahead=2, **H200)
+    assert (big["stage1_shared_bytes"], big["stage2_shared_bytes"]) == (stage1_bytes(16), stage2_bytes(16))
+
+
+@pytest.mark.parametrize("settings", [
+    {"real_shape": 0},          # HCFUSE_FAST_REAL_SHAPE=0: the generic kernels, unpadded
+    {"cluster": 4},             # another tiling: the generic kernels
+    {"H": 1024},
+    {"design": "plain"},
+])
+def test_generic_kernels_are_not_padded(plan, settings):
+    p = plan(rows=1, **H200, **settings)
+    assert p["ok"] and p["real_shape_kernels"] is False, p
+    assert p == plan(rows=1, **settings)  # the device's shared memory figures change nothing
+
+
+def test_unknown_shared_memory_figures_pad_nothing(plan):
+    p = plan(rows=1)  # the probe's default device leaves them 0, as a device that does not report them
+    assert p["real_shape_kernels"] is True
+    assert (p["stage1_shared_bytes"], p["stage2_shared_bytes"]) == (stage1_bytes(1), stage2_bytes(1))

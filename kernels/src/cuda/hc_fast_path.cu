@@ -40,23 +40,19 @@ using FastDims = HcFastClusterDims;
 using Stage1Layout = HcFastStage1Layout;
 using Stage2Layout = HcFastStage2Layout;
 
-// The real shape's tiling with clusters of 8 (C=4, H=2560, R=320: Qwen3.8-Flash-Next) as compile-time
+// The real shape's tiling with clusters of 8 (HcFastRealShape: C=4, H=2560, R=320) as compile-time
 // constants. The kernels are templates on their dims type D; with D = RealShapeDims, `d.ks` and the rest
 // name these constants (they hide the base's fields of the same name), so the post-wait index math
 // folds into shifts and constant multiplies instead of runtime divisions and 64-bit arithmetic on
-// loaded values (one warp's instruction stream is the critical path there: bench/README.md). The
-// arithmetic on data is the generic kernels', so are the bits; the launcher takes it only when the
-// plan's dims equal these constants.
+// loaded values. The arithmetic on data is the generic kernels', so are the bits; the plan picks these
+// kernels when its dims equal the constants (HcFastPlan::real_shape_kernels).
 struct RealShapeDims : FastDims {
-  static constexpr int C = 4, H = 2560, R = 320, K = 10240, np = 324;
-  static constexpr int ks = 80, ldb1 = 328, lda1 = 88, cpb = 32, per1 = 48, groups = 16, g4 = 16;
-  static constexpr int hs = 16, n2 = 64, ldu = 72, piece = 8, rp = 320, lda2 = 328, per2 = 40;
-  static bool Matches(const FastDims& d, int cluster) {
-    const FastDims& b = d;
-    return cluster == 8 && b.C == C && b.H == H && b.R == R && b.K == K && b.np == np && b.ks == ks && b.ldb1 == ldb1 &&
-           b.lda1 == lda1 && b.cpb == cpb && b.per1 == per1 && b.groups == groups && b.g4 == g4 && b.hs == hs &&
-           b.n2 == n2 && b.ldu == ldu && b.piece == piece && b.rp == rp && b.lda2 == lda2 && b.per2 == per2;
-  }
+  using S = HcFastRealShape;
+  static constexpr int C = S::C, H = S::H, R = S::R, K = S::K, np = S::np;
+  static constexpr int ks = S::ks, ldb1 = S::ldb1, lda1 = S::lda1, cpb = S::cpb, per1 = S::per1, groups = S::groups,
+                       g4 = S::g4;
+  static constexpr int hs = S::hs, n2 = S::n2, ldu = S::ldu, piece = S::piece, rp = S::rp, lda2 = S::lda2,
+                       per2 = S::per2;
   static RealShapeDims From(const FastDims& d) {
     RealShapeDims r;
     static_cast<FastDims&>(r) = d;
@@ -481,7 +477,7 @@ cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& p
                                   cudaStream_t stream, bool weights_are_constant) {
   const FastDims& d = plan.cluster_dims;
   if constexpr (CL == 8) {
-    if (plan.real_shape_kernels && RealShapeDims::Matches(d, CL)) {
+    if (plan.real_shape_kernels && HcFastRealShape::Matches(d, CL)) {
       return LaunchStagesWith<T, CL>(args, plan, RealShapeDims::From(d), scratch, stream, weights_are_constant);
     }
   }

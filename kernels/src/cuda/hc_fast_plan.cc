@@ -183,7 +183,30 @@ bool PlainRuns(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tu
          int64_t{2} * d.C * d.rp * d.ldw2 <= kHcFastPlainMaxTileBytes;
 }
 
+// Pads both stages' shared memory so that no three of their CTAs fit an SM (at most `ahead` = 1 later
+// kernel's CTA waits next to a running one: the smallest three need more than the SM has), while any
+// two still do; larger `ahead` values leave room for ahead + 1. Nothing changes where the device's
+// figures are not known or the stages already take more.
+void LimitKernelsAhead(HcFastPlan& plan, const HcDeviceCaps& caps, int64_t ahead) {
+  if (ahead <= 0 || caps.shared_memory_per_sm <= 0) return;
+  const int64_t per_block = caps.shared_memory_per_sm / (ahead + 2) - caps.reserved_shared_memory_per_block + 1;
+  const size_t floor = static_cast<size_t>(RoundUp(std::max<int64_t>(per_block, 0), 128));
+  if ((ahead + 1) * static_cast<int64_t>(std::max(floor, plan.shared_memory_bytes()) +
+                                         caps.reserved_shared_memory_per_block) > caps.shared_memory_per_sm) {
+    return;  // the padded stages would not fit ahead + 1 to an SM
+  }
+  plan.stage1_shared_bytes = std::max(plan.stage1_shared_bytes, floor);
+  plan.stage2_shared_bytes = std::max(plan.stage2_shared_bytes, floor);
+}
+
 }  // namespace
+
+bool HcFastRealShape::Matches(const HcFastClusterDims& d, int cluster_size) {
+  return cluster_size == cluster && d.C == C && d.H == H && d.R == R && d.K == K && d.np == np && d.ks == ks &&
+         d.ldb1 == ldb1 && d.lda1 == lda1 && d.cpb == cpb && d.per1 == per1 && d.groups == groups && d.g4 == g4 &&
+         d.hs == hs && d.n2 == n2 && d.ldu == ldu && d.piece == piece && d.rp == rp && d.lda2 == lda2 &&
+         d.per2 == per2;
+}
 
 HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& caps, const HcFastTuning& tuning,
                          const HcFastRequest& request) {
@@ -198,7 +221,6 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
 
   HcFastPlan plan;
   plan.use_pdl = HcFastUsesSm90Features(caps.sm_major);
-  plan.real_shape_kernels = tuning.real_shape_kernels;
   const size_t rows = static_cast<size_t>(params.rows);
   if (PlainRuns(params, caps.sm_major, tuning)) {
     const HcFastPlainDims& d = plan.plain_dims = PlainDims(params, tuning);
@@ -219,6 +241,8 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
     plan.stage1_shared_bytes = HcFastStage1Layout(d, plan.cluster).total;
     plan.stage2_shared_bytes = HcFastStage2Layout(d).total;
     plan.scratch.hn = Align256(rows * d.np * d.g4 * sizeof(float));
+    plan.real_shape_kernels = tuning.real_shape_kernels && HcFastRealShape::Matches(d, plan.cluster);
+    if (plan.real_shape_kernels) LimitKernelsAhead(plan, caps, tuning.kernels_ahead);
   }
   plan.scratch.total = plan.scratch.hn + Align256(rows * params.width() * 2);
 

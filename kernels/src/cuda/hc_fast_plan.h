@@ -73,8 +73,13 @@ struct HcFastTuning {
   // (the default for both types, measured faster; HCFUSE_FAST_BATCH=0 turns it off)
   bool batched_stage1 = true;
   // cluster design: the real shape's kernels compiled with its tiling as constants where the call's
-  // tiling is theirs (hc_fast_path.cu, RealShapeDims; same bits; HCFUSE_FAST_REAL_SHAPE=0 turns it off)
+  // tiling is theirs (HcFastRealShape; same bits; HCFUSE_FAST_REAL_SHAPE=0 turns it off)
   bool real_shape_kernels = true;
+  // with the real shape's kernels: their shared memory is padded so that at most this many later
+  // kernels' CTAs wait on an SM next to a running one (0: no limit; HCFUSE_FAST_AHEAD). They take 40
+  // registers where the generic ones take 62, so without a limit 3 kernels wait ahead instead of 2,
+  // and the chain is slower: measured on the H200 (bench/README.md, issue 15), 1 ahead is fastest.
+  int64_t kernels_ahead = 1;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };
@@ -84,6 +89,10 @@ struct HcDeviceCaps {
   int sm_major = 0;
   int sm_minor = 0;
   int64_t max_shared_memory_per_block = 0;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+  // cudaDevAttrMaxSharedMemoryPerMultiprocessor and cudaDevAttrReservedSharedMemoryPerBlock (0: not
+  // known, then HcFastTuning::kernels_ahead sets no limit)
+  int64_t shared_memory_per_sm = 0;
+  int64_t reserved_shared_memory_per_block = 0;
 };
 
 // What the plan needs to know of the call besides its shapes.
@@ -201,12 +210,22 @@ struct HcFastPlan {
   HcFastScratch scratch;          // all zero for zero rows
   HcFastClusterDims cluster_dims{};  // the kernels' arguments when design == kCluster
   HcFastPlainDims plain_dims{};      // when design == kPlain
-  bool real_shape_kernels = true;    // HcFastTuning::real_shape_kernels
+  bool real_shape_kernels = false;   // launch the real shape's kernels (HcFastRealShape)
 
   bool ok() const { return reason.empty(); }
   size_t shared_memory_bytes() const {
     return stage1_shared_bytes > stage2_shared_bytes ? stage1_shared_bytes : stage2_shared_bytes;
   }
+};
+
+// The real shape's cluster tiling (C=4, H=2560, R=320: Qwen3.8-Flash-Next, clusters of 8), which
+// hc_fast_path.cu also compiles as constants (RealShapeDims): the plan runs those kernels when the
+// call's dims equal these.
+struct HcFastRealShape {
+  static constexpr int cluster = 8, C = 4, H = 2560, R = 320, K = 10240, np = 324;
+  static constexpr int ks = 80, ldb1 = 328, lda1 = 88, cpb = 32, per1 = 48, groups = 16, g4 = 16;
+  static constexpr int hs = 16, n2 = 64, ldu = 72, piece = 8, rp = 320, lda2 = 328, per2 = 40;
+  static bool Matches(const HcFastClusterDims& d, int cluster_size);
 };
 
 // A plan that says only why the fast path does not run a call.

@@ -60,8 +60,9 @@ PathChoice ReadForcedPath() {
 // HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split and
 // HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels, HCFUSE_FAST_BULK (0|1) how weight tiles are
 // copied, HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores and
-// HCFUSE_FAST_REAL_SHAPE (0|1) whether the real shape runs its constant-tiling kernels (results never
-// change), HCFUSE_FAST_CLUSTER its
+// HCFUSE_FAST_REAL_SHAPE (0|1) whether the real shape runs its constant-tiling kernels and
+// HCFUSE_FAST_AHEAD how many later kernels may wait next to them (results never change),
+// HCFUSE_FAST_CLUSTER its
 // cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
 // The defaults are HcFastTuning's (batched stage 1 included: measured faster in bf16 and fp16 on the
 // H200, bench/README.md, issue 15).
@@ -69,7 +70,8 @@ HcFastTuning ReadFastTuning() {
   HcFastTuning tuning;
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
                              std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
-                             std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster}}) {
+                             std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster},
+                             std::pair{"HCFUSE_FAST_AHEAD", &tuning.kernels_ahead}}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
@@ -187,6 +189,12 @@ class CudaProvider {
     ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
                       "cudaDeviceGetAttribute(max shared memory per block, opt-in)");
     caps_.max_shared_memory_per_block = max_smem;
+    ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_),
+                      "cudaDeviceGetAttribute(max shared memory per multiprocessor)");
+    caps_.shared_memory_per_sm = max_smem;
+    ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem, cudaDevAttrReservedSharedMemoryPerBlock, device_),
+                      "cudaDeviceGetAttribute(reserved shared memory per block)");
+    caps_.reserved_shared_memory_per_block = max_smem;
   }
 
   Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& t) {
