@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The closing device session on a GPU machine: build, every CUDA test, compute-sanitizer over the fast
 # path's and the general path's kernels, the decode benchmark (1-64 rows: fast, general, stock; bf16 and
-# fp16) and the prefill benchmark (256-16384 rows: the op's own choice against stock; bf16, fp16, fp32).
+# fp16), its real-model variant (a MatMul between blocks) and the prefill benchmark (256-16384 rows: the op's own choice against stock; bf16, fp16, fp32).
 # Needs onnxruntime-gpu importable, compute-sanitizer on PATH for the sanitizer step, and ORT_INCLUDE_DIR.
 # Every step after the build gets at most what is left of BUDGET_S (default 540 s from the start), in the
 # order above, so the whole script ends in time even when a step hangs; a step cut short leaves its
@@ -32,6 +32,12 @@ timeout "$(cap 90)" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2
   --variants fast general stock --reps 3 > "$out/decode.log" 2>&1
 stamp decode
 grep -E "^\| (bf16|fp16)" "$out/decode.log" | sort -u -t'|' -k2,2 -k3,3n
+
+# 2b. the real-model variant: an H x H MatMul between blocks (bf16), the fused op's cost over the MatMuls
+timeout "$(cap 60)" python3 bench/bench_decode.py --out "$out/sublayer" --sublayer --rows 1 4 16 --dtypes bf16 \
+  --variants fast stock --reps 3 > "$out/sublayer.log" 2>&1
+stamp sublayer
+grep -E "^\| bf16" "$out/sublayer.log" | sort -u -t'|' -k3,3n
 
 # 3. compute-sanitizer (SANITIZE_FAST: fast-path tests; SANITIZE_GENERAL: general-path tests)
 fast_tests=${SANITIZE_FAST:-(small_shapes and 7) or (real_shape_matches_reference and prologue-3-bf16)}
