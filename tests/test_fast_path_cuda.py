@@ -273,29 +273,14 @@ def test_kernels_ahead_gives_the_same_bits(fast_session, rng, monkeypatch, dtype
     _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_AHEAD", "0", "1")
 
 
-def test_bad_kernels_ahead_value_is_a_clear_error(fast_session, rng, monkeypatch):
+@pytest.mark.parametrize("name,value,message", [
+    ("HCFUSE_FAST_AHEAD", "-1", "HCFUSE_FAST_AHEAD must be an integer >= 0"),
+    ("HCFUSE_FAST_REAL_SHAPE", "2", "HCFUSE_FAST_REAL_SHAPE must be 0 or 1"),
+    ("HCFUSE_FAST_BATCH", "yes", "HCFUSE_FAST_BATCH must be 0 or 1"),
+    ("HCFUSE_FAST_DESIGN", "fastest", "HCFUSE_FAST_DESIGN must be 'auto', 'cluster' or 'plain'"),
+])
+def test_bad_tuning_value_is_a_clear_error(fast_session, rng, monkeypatch, name, value, message):
     model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
-    monkeypatch.setenv("HCFUSE_FAST_AHEAD", "-1")
-    with pytest.raises(Exception, match="HCFUSE_FAST_AHEAD must be an integer >= 0"):
-        fast_session(model)
-
-
-def test_bad_real_shape_value_is_a_clear_error(fast_session, rng, monkeypatch):
-    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
-    monkeypatch.setenv("HCFUSE_FAST_REAL_SHAPE", "2")
-    with pytest.raises(Exception, match="HCFUSE_FAST_REAL_SHAPE must be 0 or 1"):
-        fast_session(model)
-
-
-def test_bad_batch_value_is_a_clear_error(fast_session, rng, monkeypatch):
-    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
-    monkeypatch.setenv("HCFUSE_FAST_BATCH", "yes")
-    with pytest.raises(Exception, match="HCFUSE_FAST_BATCH must be 0 or 1"):
-        fast_session(model)
-
-
-def test_bad_design_value_is_a_clear_error(fast_session, rng, monkeypatch):
-    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
-    monkeypatch.setenv("HCFUSE_FAST_DESIGN", "fastest")
-    with pytest.raises(Exception, match="HCFUSE_FAST_DESIGN must be 'auto', 'cluster' or 'plain'"):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(Exception, match=message):
         fast_session(model)
