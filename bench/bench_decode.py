@@ -131,8 +131,6 @@ class ChainRunner:
                 env["HCFUSE_FAST_REAL_SHAPE"] = "0"
             elif design.startswith("ahead"):  # aheadN: at most N kernels wait next to a running one (0: any)
                 env["HCFUSE_FAST_AHEAD"] = design[len("ahead"):]
-            elif design.startswith("stage2ctas"):  # stage2ctasN: at most N stage 2 CTAs
-                env["HCFUSE_FAST_STAGE2_CTAS"] = design[len("stage2ctas"):]
             elif design:
                 env["HCFUSE_FAST_DESIGN"] = design
             if tuning:

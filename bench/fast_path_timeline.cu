@@ -128,7 +128,6 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.batched_stage1 = EnvFlag("HCFUSE_FAST_BATCH");
     tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
     if (const char* ahead = std::getenv("HCFUSE_FAST_AHEAD")) tuning.kernels_ahead = std::atoi(ahead);
-    if (const char* ctas = std::getenv("HCFUSE_FAST_STAGE2_CTAS")) tuning.stage2_max_ctas = std::atoi(ctas);
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);

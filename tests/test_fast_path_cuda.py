@@ -266,14 +266,6 @@ def test_kernels_ahead_gives_the_same_bits(fast_session, rng, monkeypatch, dtype
     _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_AHEAD", "0", "1")
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@SAME_BITS_CASES
-def test_stage2_tilings_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows):
-    """HCFUSE_FAST_STAGE2_CTAS=128 (the real shape: 128 CTAs of 20 features instead of 160 of 16) moves
-    columns between CTAs and mma tiles; each output column is summed in the same order, so the same bits."""
-    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_STAGE2_CTAS", "0", "128")
-
-
 @pytest.mark.parametrize("name,value,message", [
     ("HCFUSE_FAST_SS_LOCAL_ROWS", "many", "HCFUSE_FAST_SS_LOCAL_ROWS must be an integer >= 0"),
     ("HCFUSE_FAST_AHEAD", "-1", "HCFUSE_FAST_AHEAD must be an integer >= 0"),

@@ -254,17 +254,3 @@ def test_unknown_shared_memory_figures_pad_nothing(plan):
     p = plan(rows=1)  # the probe's default device leaves them 0, as a device that does not report them
     assert p["real_shape_kernels"] is True
     assert (p["stage1_shared_bytes"], p["stage2_shared_bytes"]) == (stage1_bytes(1), stage2_bytes(1))
-
-
-def test_stage2_max_ctas_takes_the_128_cta_tiling(plan):
-    """HCFUSE_FAST_STAGE2_CTAS=128: stage 2 in 128 CTAs of 20 features (8-byte copies: 20 is not a
-    multiple of 8), one per SM of an H200, still the real shape's kernels; stage 1 is unchanged."""
-    p, default = plan(rows=4, stage2_ctas=128, **H200), plan(rows=4, **H200)
-    assert p["ok"] and p["real_shape_kernels"] is True, p
-    assert (p["stage1_ctas"], p["stage2_ctas"], p["dims"]["hs"], p["dims"]["piece"]) == (128, 128, 20, 4)
-    # tile 320 x 88 (80 columns padded) x 2 + A 2*5*328 + hn 2*4*80 + g 4*4*80 + mbarrier 8, under the floor
-    assert 320 * 88 * 2 + 2 * 5 * 328 + 2 * 4 * 80 + 4 * 4 * 80 + 8 < 76928 == p["stage2_shared_bytes"]
-    assert p["stage1_shared_bytes"] == default["stage1_shared_bytes"]
-    assert plan(rows=4, stage2_ctas=160, **H200) == default == plan(rows=4, stage2_ctas=1000, **H200)
-    # 64 CTAs of 40 features would need a 107 KB tile: no tiling, the fast path does not run
-    assert "no stage 2 tiling" in plan(rows=4, stage2_ctas=64, **H200)["reason"]

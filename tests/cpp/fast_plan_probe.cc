@@ -76,7 +76,6 @@ int main(int argc, char** argv) {
     else if (key == "smem_sm") caps.shared_memory_per_sm = v;
     else if (key == "smem_reserved") caps.reserved_shared_memory_per_block = v;
     else if (key == "ahead") tuning.kernels_ahead = v;
-    else if (key == "stage2_ctas") tuning.stage2_max_ctas = v;
     else if (key == "real_shape") tuning.real_shape_kernels = v != 0;
     else if (key == "elem") request.element_bytes = static_cast<int>(v);
     else if (key == "aligned") request.pointers_aligned = v != 0;

@@ -46,15 +46,12 @@ using Stage2Layout = HcFastStage2Layout;
 // folds into shifts and constant multiplies instead of runtime divisions and 64-bit arithmetic on
 // loaded values. The arithmetic on data is the generic kernels', so are the bits; the plan picks these
 // kernels when its dims equal the constants (HcFastPlan::real_shape_kernels).
-// HS: stage 2's tiling (HcFastRealShape::Stage2; stage 1 does not depend on it).
-template <int HS>
 struct RealShapeDims : FastDims {
   using S = HcFastRealShape;
-  using S2 = HcFastRealShape::Stage2<HS>;
   static constexpr int C = S::C, H = S::H, R = S::R, K = S::K, np = S::np;
   static constexpr int ks = S::ks, ldb1 = S::ldb1, lda1 = S::lda1, cpb = S::cpb, per1 = S::per1, groups = S::groups,
                        g4 = S::g4;
-  static constexpr int hs = S2::hs, n2 = S2::n2, ldu = S2::ldu, piece = S2::piece, rp = S::rp, lda2 = S::lda2,
+  static constexpr int hs = S::hs, n2 = S::n2, ldu = S::ldu, piece = S::piece, rp = S::rp, lda2 = S::lda2,
                        per2 = S::per2;
   static RealShapeDims From(const FastDims& d) {
     RealShapeDims r;
@@ -457,37 +454,34 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
 // Host side.
 // Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
-template <typename T, int CL, typename D1, typename D2>
-cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPlan& plan, const D1& d1, const D2& d2,
-                                      void* scratch, cudaStream_t stream, bool weights_are_constant) {
+template <typename T, int CL, typename D>
+cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPlan& plan, const D& d, void* scratch,
+                                      cudaStream_t stream, bool weights_are_constant) {
   float* partials = static_cast<float*>(scratch);
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
-  const auto stage1 = d1.batch ? (d1.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D1> : HcFastStage1BatchedKernel<T, CL, false, D1>)
-                               : (d1.has_prologue ? HcFastStage1Kernel<T, CL, true, D1> : HcFastStage1Kernel<T, CL, false, D1>);
+  const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
+                              : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
   cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
-                           stream, args, d1, partials, hn, weights_are_constant);
+                           stream, args, d, partials, hn, weights_are_constant);
   if (err != cudaSuccess) return {"stage 1 kernel", err};
-  err = Launch(HcFastStage2Kernel<T, CL, D2>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL,
-               plan.use_pdl, stream, args, d2, static_cast<const float*>(partials), static_cast<const T*>(hn),
+  err = Launch(HcFastStage2Kernel<T, CL, D>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL,
+               plan.use_pdl, stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn),
                weights_are_constant);
   if (err != cudaSuccess) return {"stage 2 kernel", err};
   return {};
 }
 
-// The real shape's kernels where the plan says so (HcFastPlan::real_shape_kernels), the generic ones
-// elsewhere.
+// The real shape's kernels where the plan's tiling is theirs (RealShapeDims), the generic ones elsewhere.
 template <typename T, int CL>
 cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& plan, void* scratch,
                                   cudaStream_t stream, bool weights_are_constant) {
   const FastDims& d = plan.cluster_dims;
   if constexpr (CL == 8) {
     if (plan.real_shape_kernels && HcFastRealShape::Matches(d, CL)) {
-      const auto d1 = RealShapeDims<16>::From(d);  // stage 1 is the same for both stage 2 tilings
-      if (d.hs == 16) return LaunchStagesWith<T, CL>(args, plan, d1, d1, scratch, stream, weights_are_constant);
-      return LaunchStagesWith<T, CL>(args, plan, d1, RealShapeDims<20>::From(d), scratch, stream, weights_are_constant);
+      return LaunchStagesWith<T, CL>(args, plan, RealShapeDims::From(d), scratch, stream, weights_are_constant);
     }
   }
-  return LaunchStagesWith<T, CL>(args, plan, d, d, scratch, stream, weights_are_constant);
+  return LaunchStagesWith<T, CL>(args, plan, d, scratch, stream, weights_are_constant);
 }
 
 // How many clusters (or CTAs without clusters) of `kernel` the device holds at once, alone.

@@ -41,10 +41,9 @@ int64_t Stage1CtasPerBranch(const HcLowRankMixParams& p, int64_t cluster) {
 // of 8-column mma tiles). Preferred: hs a multiple of 8, so every up_weight row piece is 16-byte
 // copies of whole 32-byte sectors (the real shape: 160 CTAs of 16 features); else hs a multiple of
 // 4 (8-byte copies), at most 128 CTAs. 0: no tiling.
-int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster, int64_t max_ctas) {
-  const int64_t most = max_ctas > 0 ? std::min(max_ctas, kHcFastMaxStage2Ctas) : kHcFastMaxStage2Ctas;
+int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster) {
   for (const int64_t piece : {8, 4}) {
-    for (int64_t ctas = piece == 8 ? most : std::min<int64_t>(most, 128); ctas >= 1; --ctas) {
+    for (int64_t ctas = piece == 8 ? kHcFastMaxStage2Ctas : 128; ctas >= 1; --ctas) {
       const int64_t hs = p.H / ctas;
       if (p.H % ctas != 0 || hs % piece != 0 || (p.C * hs) % 8 != 0 || ctas % cluster != 0) continue;
       if (Stage2TileBytes(p, hs) > kHcFastMaxTileBytes) break;  // fewer CTAs only grow the tile
@@ -57,7 +56,7 @@ int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster, int64_t max_cta
 // Why the kernels cannot tile this shape with this cluster size; empty when they can. C % 4 == 0 and
 // C <= 8 (8-byte inject rows, one mma tile), R % 8 == 0 and R <= 1024 (16-byte down rows), H % 32 == 0
 // (8 sum-of-squares parts of whole 4-element vectors), and a tiling of both stages (above).
-std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster, int64_t stage2_max_ctas) {
+std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster) {
   const auto refuse = [&](const std::string& why) {
     return "C=" + std::to_string(p.C) + " H=" + std::to_string(p.H) + " R=" + std::to_string(p.R) + ": " + why;
   };
@@ -71,7 +70,7 @@ std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster, int64_t st
   if (Stage1CtasPerBranch(p, cluster) == 0) {
     return refuse("no stage 1 tiling (K slices of a multiple of 16 features, a weight tile of at most " + tile());
   }
-  if (Stage2Ctas(p, cluster, stage2_max_ctas) == 0) {
+  if (Stage2Ctas(p, cluster) == 0) {
     return refuse("no stage 2 tiling (4 or 8 features per CTA, a weight tile of at most " + tile());
   }
   return {};
@@ -110,7 +109,7 @@ HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const Hc
   d.per1 = static_cast<int>(RoundUp((d.np + 7) / 8, cluster) / cluster * 8);
   d.groups = d.cpb * d.C / cluster;
   d.g4 = static_cast<int>(RoundUp(d.groups, 4));
-  d.hs = d.H / static_cast<int>(Stage2Ctas(p, cluster, tuning.stage2_max_ctas));
+  d.hs = d.H / static_cast<int>(Stage2Ctas(p, cluster));
   d.n2 = d.C * d.hs;
   d.ldu = static_cast<int>(PaddedStride(d.n2));
   d.piece = d.hs % 8 == 0 ? 8 : 4;
@@ -202,18 +201,11 @@ void LimitKernelsAhead(HcFastPlan& plan, const HcDeviceCaps& caps, int64_t ahead
 
 }  // namespace
 
-namespace {
-template <int HS>
-bool Stage2Matches(const HcFastClusterDims& d) {
-  using S = HcFastRealShape::Stage2<HS>;
-  return d.hs == S::hs && d.n2 == S::n2 && d.ldu == S::ldu && d.piece == S::piece;
-}
-}  // namespace
-
 bool HcFastRealShape::Matches(const HcFastClusterDims& d, int cluster_size) {
   return cluster_size == cluster && d.C == C && d.H == H && d.R == R && d.K == K && d.np == np && d.ks == ks &&
          d.ldb1 == ldb1 && d.lda1 == lda1 && d.cpb == cpb && d.per1 == per1 && d.groups == groups && d.g4 == g4 &&
-         d.rp == rp && d.lda2 == lda2 && d.per2 == per2 && (Stage2Matches<16>(d) || Stage2Matches<20>(d));
+         d.hs == hs && d.n2 == n2 && d.ldu == ldu && d.piece == piece && d.rp == rp && d.lda2 == lda2 &&
+         d.per2 == per2;
 }
 
 HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& caps, const HcFastTuning& tuning,
@@ -224,9 +216,7 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
                              std::to_string(caps.sm_minor) + " is below 8.0");
   }
   const int64_t cluster = ClusterSize(caps.sm_major, tuning.cluster);
-  if (std::string why = ShapeReason(params, cluster, tuning.stage2_max_ctas); !why.empty()) {
-    return HcFastPlanRefused(std::move(why));
-  }
+  if (std::string why = ShapeReason(params, cluster); !why.empty()) return HcFastPlanRefused(std::move(why));
   if (!request.pointers_aligned) return HcFastPlanRefused("a tensor is not 16-byte aligned");
 
   HcFastPlan plan;

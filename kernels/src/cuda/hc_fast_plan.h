@@ -80,8 +80,6 @@ struct HcFastTuning {
   // registers where the generic ones take 62, so without a limit 3 kernels wait ahead instead of 2,
   // and the chain is slower: measured on the H200 (bench/README.md, issue 15), 1 ahead is fastest.
   int64_t kernels_ahead = 1;
-  // stage 2's CTAs at most (0: kHcFastMaxStage2Ctas; HCFUSE_FAST_STAGE2_CTAS); same bits
-  int64_t stage2_max_ctas = 0;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };
@@ -223,17 +221,11 @@ struct HcFastPlan {
 // The real shape's cluster tiling (C=4, H=2560, R=320: Qwen3.8-Flash-Next, clusters of 8), which
 // hc_fast_path.cu also compiles as constants (RealShapeDims): the plan runs those kernels when the
 // call's dims equal these.
-// Stage 2 has two tilings (HcFastTuning::stage2_max_ctas): 160 CTAs of 16 features (16-byte copies) or
-// 128 of 20 (8-byte copies); Stage2<hs> holds each one's constants.
 struct HcFastRealShape {
   static constexpr int cluster = 8, C = 4, H = 2560, R = 320, K = 10240, np = 324;
   static constexpr int ks = 80, ldb1 = 328, lda1 = 88, cpb = 32, per1 = 48, groups = 16, g4 = 16;
-  static constexpr int rp = 320, lda2 = 328, per2 = 40;
-  template <int HS>
-  struct Stage2 {
-    static constexpr int hs = HS, n2 = C * HS, ldu = (n2 / 8) % 2 == 1 ? n2 : n2 + 8, piece = HS % 8 == 0 ? 8 : 4;
-  };
-  static bool Matches(const HcFastClusterDims& d, int cluster_size);  // with either stage 2 tiling
+  static constexpr int hs = 16, n2 = 64, ldu = 72, piece = 8, rp = 320, lda2 = 328, per2 = 40;
+  static bool Matches(const HcFastClusterDims& d, int cluster_size);
 };
 
 // A plan that says only why the fast path does not run a call.
