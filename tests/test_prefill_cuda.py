@@ -128,3 +128,26 @@ def test_many_branches_few_rows(hcfuse_lib, monkeypatch, rng, dtype, rows):
     model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True)
     got = run_bound(cuda_session(model, hcfuse_lib, "general", monkeypatch), {**feeds, **weights}, device="cuda")
     _check(got, _reference(feeds, weights, C), dtype, f"C={C} rows={rows}", f"many-branches {dtype.name}")
+
+
+# (C, H): rows too wide for HcNormInjectKernel's shared-memory S cache (C*H*sizeof(T) > kMaxNormCacheBytes
+# = 96 KB; every other case here fits): the fixed-C kernel (C = 4) and the generic one (C = 2) form S twice
+# in every T; (3, 8200) is cached in 16-bit T (48 KB) and not in float32 (96.1 KB)
+WIDE_ROWS = [(4, 12400), (2, 24600), (3, 8200)]
+
+
+@pytest.mark.parametrize("C,H", WIDE_ROWS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_rows_too_wide_for_the_norm_cache(hcfuse_lib, monkeypatch, rng, dtype, C, H):
+    """Rows the norm kernel cannot cache against the reference, and a row alone gives the bits it has among 5."""
+    _require_dtype(dtype)
+    R = 8
+    weights = random_weights(C, H, R, dtype, rng)
+    feeds = random_activations((5,), C, H, dtype, rng, prologue=True)
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True)
+    session = cuda_session(model, hcfuse_lib, "general", monkeypatch)
+    got = run_bound(session, {**feeds, **weights}, device="cuda")
+    _check(got, _reference(feeds, weights, C), dtype, f"wide rows C={C} H={H}", f"prefill wide-rows {dtype.name}")
+    alone = run_bound(session, {**{k: v[3:4] for k, v in feeds.items()}, **weights}, device="cuda")
+    for name, value in alone.items():
+        assert_bitwise_equal(value, got[name][3:4], f"wide rows C={C} H={H}: row 3 alone vs among 5: {name}")

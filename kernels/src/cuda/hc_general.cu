@@ -107,30 +107,49 @@ __device__ __forceinline__ void BlockSums(float (&v)[N], float* scratch) {
 // Branches of one pass-1 round of HcNormInjectKernel: one barrier per round.
 constexpr int kBranchGroup = 8;
 
+// Dynamic shared memory of HcNormInjectKernel: inv_rms [ROWS][C] floats, then (CACHE) S of the block's
+// ROWS rows, [ROWS][C][H] in T, 16-byte aligned.
+__host__ __device__ inline size_t NormInvRmsBytes(int rows_per_block, int64_t C) {
+  return (static_cast<size_t>(rows_per_block * C) * sizeof(float) + 15) / 16 * 16;
+}
+size_t NormCacheBytes(int rows_per_block, int64_t C, int64_t H, size_t element_size) {
+  return static_cast<size_t>(rows_per_block * C * H) * element_size;
+}
+// Largest S cache a block takes: 4 rows of the real shape in 16-bit T (80 KB); two such blocks and
+// their static shared memory fit an sm_90 SM (228 KB), one an sm_80 SM.
+constexpr size_t kMaxNormCacheBytes = 96 * 1024;
+
 // ROWS consecutive rows per block (row-group-stride loop; a short last group repeats its last row,
 // computed but never stored).
-// Pass 1, per round of kBranchGroup branches: forms S, writes streams_out and sums S^2 per thread
-// and branch (sequential over h, j), then per branch a warp butterfly whose warp sums lane 0 parks in
-// shared memory; after the round's barrier the warp sums are added in warp order (BlockSum's order)
-// into 1 / rms.
-// Pass 2 forms S again and writes hn; per thread and branch c, part_c[c'] = sum over its h, j of
-// hn[k] * inject_weight[k, c'] (sequential, from 0); inject[c'] = part_0 + part_1 + ... in branch order,
-// then BlockSum's order; post_gate from the rounded inject.
+// Pass 1, per round of kBranchGroup branches: forms S, writes streams_out (and, CACHE, S into shared
+// memory) and sums S^2 per thread and branch (sequential over h, j), then per branch a warp butterfly
+// whose warp sums lane 0 parks in shared memory; after the round's barrier the warp sums are added in
+// warp order (BlockSum's order) into 1 / rms.
+// Pass 2 takes S from shared memory (CACHE: streams and the prologue inputs are read once; each thread
+// reads back only the elements it wrote, so no barrier guards the cache) or forms it again, and writes
+// hn; per thread and branch c, part_c[c'] = sum over its h, j of hn[k] * inject_weight[k, c']
+// (sequential, from 0); inject[c'] = part_0 + part_1 + ... in branch order, then BlockSum's order;
+// post_gate from the rounded inject.
 // CC = C known at compile time (4: the real shape; its inject_weight rows load as 16-byte vectors),
-// or 0 for any C (scalar loads, kInjectGroup columns per pass). BR branches (of CC) are loaded before
-// any is stored, so ROWS * BR loads of S are in flight per thread (stores may alias the loads, so the
-// compiler cannot hoist later loads above them); two blocks of 256 threads stay resident per SM. ROWS, CC and BR only change how loads are issued and
-// amortized: a row's operations, and so its bits, are the same for every ROWS, CC and row count.
-template <typename T, int VEC, int ROWS, int CC>
+// or 0 for any C (scalar loads, kInjectGroup columns per pass). Pass 1 loads BR1 branches of ROWS rows
+// before storing any (stores may alias the loads, so the compiler cannot hoist later loads above them),
+// pass 2 BR; two blocks of 256 threads stay resident per SM. ROWS, CC, BR1, BR and CACHE only change how
+// loads are issued and amortized: a row's operations, and so its bits, are the same for every ROWS, CC,
+// CACHE and row count.
+template <typename T, int VEC, int ROWS, int CC, bool CACHE>
 __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArgs<T> a) {
-  // two branches a step with one row a block, one otherwise (more would cost residency: <= 128 registers)
+  // pass 1: up to 8 S vectors in flight (all 4 branches for 1 and 2 rows a block)
+  constexpr int BR1 = CC > 0 ? (ROWS * CC <= 8 ? CC : (8 / ROWS > 0 ? 8 / ROWS : 1)) : 1;
+  // pass 2: two branches a step with one row a block, one otherwise (more would cost residency: <= 128 registers)
   constexpr int BR = CC > 0 && ROWS == 1 ? 2 : 1;
-  static_assert(CC == 0 || CC % BR == 0, "BR divides CC");
+  static_assert(CC == 0 || (CC % BR == 0 && CC % BR1 == 0 && CC <= kBranchGroup), "BR and BR1 divide CC");
   constexpr int Q = CC > 0 ? CC : kInjectGroup;  // inject columns per pass
   __shared__ float warp_sums[ROWS * kBranchGroup * 32];
   __shared__ float inject_scratch[ROWS * Q * 32];
-  extern __shared__ float inv_rms[];  // [ROWS][C]
+  extern __shared__ __align__(16) unsigned char norm_smem[];
+  float* inv_rms = reinterpret_cast<float*>(norm_smem);  // [ROWS][C]
   const int64_t C = CC > 0 ? CC : a.C;
+  T* s_cache = reinterpret_cast<T*>(norm_smem + NormInvRmsBytes(ROWS, C));  // [ROWS][C][H] (CACHE)
   const int64_t width = C * a.H;
   const int64_t step = int64_t{blockDim.x} * VEC;
   const int lane = threadIdx.x & 31;
@@ -147,27 +166,28 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
     }
     for (int64_t b0 = 0; b0 < C; b0 += kBranchGroup) {
       const int64_t branches = std::min<int64_t>(kBranchGroup, C - b0);
-      for (int64_t cb = 0; cb < branches; cb += BR) {
-        float sum_sq[BR][ROWS];
+      for (int64_t cb = 0; cb < branches; cb += BR1) {
+        float sum_sq[BR1][ROWS];
 #pragma unroll
-        for (int b = 0; b < BR; ++b) {
+        for (int b = 0; b < BR1; ++b) {
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) sum_sq[b][r] = 0.0f;
         }
         for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-          Vec<T, VEC> s[BR][ROWS];
+          Vec<T, VEC> s[BR1][ROWS];
 #pragma unroll
-          for (int b = 0; b < BR; ++b) {
+          for (int b = 0; b < BR1; ++b) {
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) s[b][r] = LoadS<T, VEC>(a, row[r], b0 + cb + b, h);
           }
 #pragma unroll
-          for (int b = 0; b < BR; ++b) {
+          for (int b = 0; b < BR1; ++b) {
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
               if (a.streams_out != nullptr && live[r]) {
                 StoreVec<T, VEC>(a.streams_out + row[r] * width + (b0 + cb + b) * a.H + h, s[b][r]);
               }
+              if constexpr (CACHE) StoreVec<T, VEC>(s_cache + (r * C + b0 + cb + b) * a.H + h, s[b][r]);
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
                 sum_sq[b][r] = MulAdd(ToFloat(s[b][r].v[j]), ToFloat(s[b][r].v[j]), sum_sq[b][r]);
@@ -176,7 +196,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
           }
         }
 #pragma unroll
-        for (int b = 0; b < BR; ++b) {
+        for (int b = 0; b < BR1; ++b) {
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) {
             const float v = WarpSum(sum_sq[b][r]);
@@ -220,7 +240,13 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
           for (int b = 0; b < BR; ++b) {  // every load of the step before any store
             scale[b] = LoadVec<T, VEC>(a.norm_scale + (c + b) * a.H + h);
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) s[b][r] = LoadS<T, VEC>(a, row[r], c + b, h);
+            for (int r = 0; r < ROWS; ++r) {
+              if constexpr (CACHE) {
+                s[b][r] = LoadVec<T, VEC>(s_cache + (r * C + c + b) * a.H + h);  // S as pass 1 formed it
+              } else {
+                s[b][r] = LoadS<T, VEC>(a, row[r], c + b, h);
+              }
+            }
             if constexpr (CC > 0) {
               const T* w = a.inject_weight + ((c + b) * a.H + h) * C;
 #pragma unroll
@@ -311,8 +337,8 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcSplitReduceKernel(Split
     float acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
-#pragma unroll 4
-    for (int64_t b = 0; b < a.splits; ++b) {
+#pragma unroll 8
+    for (int64_t b = 0; b < a.splits; ++b) {  // unrolled: 8 slices' loads in flight
       const Vec<float, VEC> p = LoadVec<float, VEC>(partial + b * a.down_stride);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) acc[j] = __fadd_rn(acc[j], p.v[j]);
@@ -391,6 +417,21 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(Epil
     for (int j = 0; j < VEC; ++j) out.v[j] = FromFloat<T>(__fmul_rn(a.reduction_scale, acc[j]));  // rounding point: pre_output
     StoreVec<T, VEC>(a.pre_output + row * a.H + h, out);
   }
+}
+
+// Outputs a thread of HcSplitReduceKernel: 4 or 2 where they divide the count, the hidden chunk's
+// alignment (in elements: partial slices start 256-byte aligned) allows it, and kMinReduceBlocks blocks
+// remain (the real shape at 256 rows: 320 blocks of one output a thread, where 4 left 80 blocks and
+// took 11.1 us against 7.8); only the loads widen, no bit changes.
+constexpr int64_t kMinReduceBlocks = 512;
+int ReduceVec(int64_t count, size_t hidden_align_elements) {
+  for (int vec = 4; vec > 1; vec /= 2) {
+    if (count % vec == 0 && hidden_align_elements >= static_cast<size_t>(vec) &&
+        count / vec >= kMinReduceBlocks * kElementwiseThreads) {
+      return vec;
+    }
+  }
+  return 1;
 }
 
 // Widest vector (16 bytes at most) that divides H and fits the alignment of every pointer given.
@@ -532,23 +573,50 @@ bool NormInjectFixedC(const NormArgs<T>& a) {
   return false;
 }
 
-template <typename T, int VEC>
-void LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, int threads, cudaStream_t stream, unsigned* blocks) {
-  const bool fixed_c = NormInjectFixedC<T, VEC>(a);
-  if (!fixed_c) *rows_per_block = 1;
-  const int64_t groups = (a.rows + *rows_per_block - 1) / *rows_per_block;
-  *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
-  const size_t smem = static_cast<size_t>(*rows_per_block * a.C) * sizeof(float);
-  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
-    if (fixed_c) {
-      switch (*rows_per_block) {
-        case 4: HcNormInjectKernel<T, VEC, 4, 4><<<*blocks, threads, smem, stream>>>(a); return;
-        case 2: HcNormInjectKernel<T, VEC, 2, 4><<<*blocks, threads, smem, stream>>>(a); return;
-        default: HcNormInjectKernel<T, VEC, 1, 4><<<*blocks, threads, smem, stream>>>(a); return;
-      }
+// Launches one instantiation with `smem` bytes of dynamic shared memory (opted in above 48 KB).
+template <typename T, int VEC, int ROWS, int CC, bool CACHE>
+cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, unsigned blocks, int threads, size_t smem,
+                                   cudaStream_t stream) {
+  auto* kernel = HcNormInjectKernel<T, VEC, ROWS, CC, CACHE>;
+  if (smem > 48 * 1024) {
+    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem));
+        e != cudaSuccess) {
+      return e;
     }
   }
-  HcNormInjectKernel<T, VEC, 1, 0><<<*blocks, threads, smem, stream>>>(a);
+  kernel<<<blocks, threads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// Picks the instantiation: the fixed-C kernel (rows per block by row count, fewer where their S does not
+// fit kMaxNormCacheBytes) or the generic one (one row a block); S cached in shared memory where the
+// block's rows fit kMaxNormCacheBytes, else formed twice (very wide rows). Same bits for every choice.
+template <typename T, int VEC>
+cudaError_t LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, bool* cached, int threads,
+                             cudaStream_t stream, unsigned* blocks) {
+  const bool fixed_c = NormInjectFixedC<T, VEC>(a);
+  if (!fixed_c) *rows_per_block = 1;
+  while (*rows_per_block > 1 && NormCacheBytes(*rows_per_block, a.C, a.H, sizeof(T)) > kMaxNormCacheBytes) {
+    *rows_per_block /= 2;
+  }
+  *cached = NormCacheBytes(*rows_per_block, a.C, a.H, sizeof(T)) <= kMaxNormCacheBytes;
+  const int64_t groups = (a.rows + *rows_per_block - 1) / *rows_per_block;
+  *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
+  const size_t smem =
+      NormInvRmsBytes(*rows_per_block, a.C) + (*cached ? NormCacheBytes(*rows_per_block, a.C, a.H, sizeof(T)) : 0);
+  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
+    if (fixed_c && *cached) {
+      switch (*rows_per_block) {
+        case 4: return LaunchNormInjectKernel<T, VEC, 4, 4, true>(a, *blocks, threads, smem, stream);
+        case 2: return LaunchNormInjectKernel<T, VEC, 2, 4, true>(a, *blocks, threads, smem, stream);
+        default: return LaunchNormInjectKernel<T, VEC, 1, 4, true>(a, *blocks, threads, smem, stream);
+      }
+    }
+    if (fixed_c) return LaunchNormInjectKernel<T, VEC, 1, 4, false>(a, *blocks, threads, smem, stream);
+  }
+  return *cached ? LaunchNormInjectKernel<T, VEC, 1, 0, true>(a, *blocks, threads, smem, stream)
+                 : LaunchNormInjectKernel<T, VEC, 1, 0, false>(a, *blocks, threads, smem, stream);
 }
 
 }  // namespace
@@ -583,14 +651,16 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   const int norm_vec = PickVec<T>(H, {t.streams, t.norm_scale, t.prev_block_output, t.streams_out, hn});
   const int norm_threads = NormThreads(H, norm_vec);
   int norm_rows = NormRowsPerBlock(rows);  // 1 where the generic-C kernel runs
+  bool norm_cached = false;
   unsigned norm_blocks = 0;
+  cudaError_t norm_status = cudaSuccess;
   switch (norm_vec) {
-    case 8: LaunchNormInject<T, 8>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
-    case 4: LaunchNormInject<T, 4>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
-    case 2: LaunchNormInject<T, 2>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
-    default: LaunchNormInject<T, 1>(norm, &norm_rows, norm_threads, stream, &norm_blocks); break;
+    case 8: norm_status = LaunchNormInject<T, 8>(norm, &norm_rows, &norm_cached, norm_threads, stream, &norm_blocks); break;
+    case 4: norm_status = LaunchNormInject<T, 4>(norm, &norm_rows, &norm_cached, norm_threads, stream, &norm_blocks); break;
+    case 2: norm_status = LaunchNormInject<T, 2>(norm, &norm_rows, &norm_cached, norm_threads, stream, &norm_blocks); break;
+    default: norm_status = LaunchNormInject<T, 1>(norm, &norm_rows, &norm_cached, norm_threads, stream, &norm_blocks); break;
   }
-  if (auto s = CudaFailure("HcNormInjectKernel", cudaGetLastError()); !s.ok()) return s;
+  if (auto s = CudaFailure("HcNormInjectKernel", norm_status); !s.ok()) return s;
 
   // Whether cuBLASLt runs the split product: asked once, with the base pointers (every chunk's
   // pointers have the same alignment), so every chunk and every row count of the range takes the same route.
@@ -611,14 +681,12 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     }
     const SplitReduceArgs<T> reduce{down_partial, HcPartialStride(m, R), range.splits, hidden + r0 * R, m * R,
                                     p.silu_alpha};
-    // 4 outputs a thread where they divide m * R (partial slices start 256-byte aligned; hidden + r0 * R
-    // is 8-byte aligned when R * sizeof(T) is, for every chunk)
-    const bool vec4 = (m * R) % 4 == 0 && AlignmentOf(hidden + r0 * R) >= 4 * sizeof(T);
-    reduce_blocks = ElementwiseBlocks(m * R / (vec4 ? 4 : 1));
-    if (vec4) {
-      HcSplitReduceKernel<T, 4><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
-    } else {
-      HcSplitReduceKernel<T, 1><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce);
+    const int reduce_vec = ReduceVec(m * R, AlignmentOf(hidden + r0 * R) / sizeof(T));
+    reduce_blocks = ElementwiseBlocks(m * R / reduce_vec);
+    switch (reduce_vec) {
+      case 4: HcSplitReduceKernel<T, 4><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce); break;
+      case 2: HcSplitReduceKernel<T, 2><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce); break;
+      default: HcSplitReduceKernel<T, 1><<<reduce_blocks, kElementwiseThreads, 0, stream>>>(reduce); break;
     }
     if (auto s = CudaFailure("HcSplitReduceKernel", cudaGetLastError()); !s.ok()) return s;
   }
@@ -638,11 +706,12 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   if (debug) {
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMix general path (%s range) rows=%lld C=%lld H=%lld R=%lld: "
-                 "HcNormInjectKernel grid %u x %d (vec %d, %d rows per block), down split into %lld K slices of "
+                 "HcNormInjectKernel grid %u x %d (vec %d, %d rows per block, S %s), down split into %lld K slices of "
                  "%lld (%s, planned at %lld rows) in chunks of %lld rows, HcSplitReduceKernel grid %u x %d (last "
                  "chunk), up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d)\n",
                  range.prefill ? "prefill" : "few-row", static_cast<long long>(rows), static_cast<long long>(C),
                  static_cast<long long>(H), static_cast<long long>(R), norm_blocks, norm_threads, norm_vec, norm_rows,
+                 norm_cached ? "cached in shared memory" : "formed twice",
                  static_cast<long long>(range.splits), static_cast<long long>(width / range.splits),
                  down_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(range.split_plan_rows),
                  static_cast<long long>(layout.chunk_rows), reduce_blocks, kElementwiseThreads,
