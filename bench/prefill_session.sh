@@ -48,7 +48,7 @@ for step in ${STEPS:-profile tests bench sanitize}; do
     ;;
   tests)
     HCFUSE_CUDA_TEST_REPORT=$out/cuda_test_report.json timeout "$(cap 110)" python3 -m pytest -q -rs \
-      -p no:cacheprovider tests/test_prefill_cuda.py tests/test_kernels_cuda.py -k "general or prefill or boundary \
+      -p no:cacheprovider tests/test_prefill_cuda.py tests/test_kernels_cuda.py -k "general or prefill or boundary or wide \
       or awkward or branches or automatic" > "$out/tests.log" 2>&1
     stamp "tests: $(tail -1 "$out/tests.log")"
     grep -hE "^FAILED|^ERROR|Error" "$out/tests.log" | head -20
