@@ -1,32 +1,44 @@
 // General CUDA path of HyperConnectionLowRankMix: any C/H/R, any row count, every T.
 //
 //   HcNormInjectKernel  S (prologue), per-branch rms, hn, inject = hn @ inject_weight (a fixed-order
-//                      fp32 dot product per row) and post_gate   -> streams_out, hn (scratch), post_gate
+//                      fp32 dot product per row) and post_gate   -> streams_out, hn (scratch), post_gate;
+//                      S stays in shared memory between its two passes (cp.async-prefetched a row group
+//                      ahead where the rows fit), so streams and the prologue inputs are read once
 //   per chunk of at most ChunkRows rows:
 //     GEMM (cuBLASLt, strided-batched)  fp32 partials of down = hn @ down_weight over a fixed number
 //                      of K slices (HcFallbackGemmKernel where cuBLASLt has no algorithm)
 //     HcSplitReduceKernel  down = the slices' sum in order b = 0, 1, ..., rounded to T;
 //                      hidden = ScaledSiLU(down)
-//   GEMM (cuBLASLt)    up = hidden @ up_weight
-//   HcGateEpilogueKernel  g = sigmoid(up), pre_output
+//   16-bit T, C = 4 (hc_up_gate_gemm.cu):
+//     HcUpGateGemmKernel  up = hidden @ up_weight on tensor cores, g = sigmoid(up), pre_output, with up
+//                      in registers only
+//   otherwise:
+//     GEMM (cuBLASLt)    up = hidden @ up_weight
+//     HcGateEpilogueKernel  g = sigmoid(up), pre_output
 //
-// Two row ranges (hc_gemm.h), which differ in the down and up products only:
-//   few rows   rows <  kHcPrefillMinRows: HcSplitCount(C*H) slices (40 for the real shape: enough
+// Three row ranges (hc_gemm.h), which differ in the down product (and the cuBLASLt up product) only:
+//   few rows   rows <  kHcMidMinRows (256): HcSplitCount(C*H) slices (40 for the real shape: enough
 //              CTAs at a few rows), algorithms planned at kSplitPlanRows / kPlanRows rows;
+//   mid        kHcMidMinRows <= rows < kHcPrefillMinRows (1024): HcMidSplitCount(C*H) slices (16),
+//              planned at kMidPlanRows (measured: 256 rows 10.3 us for product and reduction against 14.0
+//              with 40 slices, 512 rows 13.2 against 19.3);
 //   prefill    rows >= kHcPrefillMinRows: HcPrefillSplitCount(C*H) slices (4: the partials' traffic
 //              is small next to the product), both algorithms planned at kPrefillPlanRows rows.
 // Within a range each output element is computed by a fixed sequence of operations that does not
 // depend on the row count or on which block runs it (row-stride and grid-stride loops; reductions in
 // fixed order; the K split depends on K and the range only; GEMM algorithms pinned in HcLtGemm, the
-// same for every chunk), so results are deterministic and row independent within the range. S, hn,
-// inject and post_gate do not depend on the range at all (one kernel, one order, for every row count).
+// same for every chunk; HcUpGateGemmKernel's k order fixed), so results are deterministic and row
+// independent within the range. S, hn, inject and post_gate do not depend on the range at all (one
+// kernel, one order, for every row count); pre_output does (another K split of down).
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "cuda/hc_common.cuh"
+#include "cuda/hc_cp_async.cuh"
 #include "cuda/hc_gemm.h"
 #include "cuda/hc_lowrank_mix_cuda.h"
+#include "cuda/hc_up_gate_gemm.h"
 
 namespace hcfuse {
 namespace cuda {
@@ -64,19 +76,25 @@ struct NormArgs {
   float epsilon, gate_div, gate_mul;
 };
 
-// S for VEC consecutive features h of branch c of one row, each rounded to T.
+// S = streams + gate * prev for VEC consecutive features, each rounded to T.
+template <typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> PrologueVec(Vec<T, VEC> s, float gate, const Vec<T, VEC>& prev) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    // rounding point: S
+    s.v[j] = FromFloat<T>(PrologueS(ToFloat(s.v[j]), gate, ToFloat(prev.v[j])));
+  }
+  return s;
+}
+
+// S for VEC consecutive features h of branch c of one row, from global memory.
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> LoadS(const NormArgs<T>& a, int64_t row, int64_t c, int64_t h) {
   const int64_t width = a.C * a.H;
   Vec<T, VEC> s = LoadVec<T, VEC>(a.streams + row * width + c * a.H + h);
   if (a.prev_block_output != nullptr) {
-    const float gate = ToFloat(a.prev_post_gate[row * a.C + c]);
-    const Vec<T, VEC> prev = LoadVec<T, VEC>(a.prev_block_output + row * a.H + h);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      // rounding point: S
-      s.v[j] = FromFloat<T>(PrologueS(ToFloat(s.v[j]), gate, ToFloat(prev.v[j])));
-    }
+    s = PrologueVec<T, VEC>(s, ToFloat(a.prev_post_gate[row * a.C + c]),
+                            LoadVec<T, VEC>(a.prev_block_output + row * a.H + h));
   }
   return s;
 }
@@ -107,36 +125,76 @@ __device__ __forceinline__ void BlockSums(float (&v)[N], float* scratch) {
 // Branches of one pass-1 round of HcNormInjectKernel: one barrier per round.
 constexpr int kBranchGroup = 8;
 
-// Dynamic shared memory of HcNormInjectKernel: inv_rms [ROWS][C] floats, then (CACHE) S of the block's
-// ROWS rows, [ROWS][C][H] in T, 16-byte aligned.
+// Where HcNormInjectKernel's pass 2 gets S (the choice changes no bit: S is formed by the same
+// operations from the same inputs either way):
+//   kFormTwice  forms it again from global memory (rows too wide for shared memory);
+//   kCache      pass 1 keeps S in shared memory;
+//   kPrefetch   cp.async brings the block's NEXT row group (streams, prev_block_output) into the other
+//               of two shared-memory stages while this one is processed, pass 1 forms S in place; the
+//               grid is persistent (at most the resident blocks), so a block has a next group.
+enum NormMode : int { kFormTwice = 0, kCache = 1, kPrefetch = 2 };
+
+// Dynamic shared memory of HcNormInjectKernel: inv_rms [ROWS][C] floats (16-byte aligned), then
+// kCache: S [ROWS][C][H] in T; kPrefetch: two stages of streams/S [ROWS][C][H] and, with the prologue,
+// prev_block_output [ROWS][H], in T.
 __host__ __device__ inline size_t NormInvRmsBytes(int rows_per_block, int64_t C) {
   return (static_cast<size_t>(rows_per_block * C) * sizeof(float) + 15) / 16 * 16;
 }
-size_t NormCacheBytes(int rows_per_block, int64_t C, int64_t H, size_t element_size) {
-  return static_cast<size_t>(rows_per_block * C * H) * element_size;
+__host__ __device__ inline int64_t NormStageElements(int rows_per_block, int64_t C, int64_t H, bool prologue) {
+  return rows_per_block * (C + (prologue ? 1 : 0)) * H;
 }
-// Largest S cache a block takes: 4 rows of the real shape in 16-bit T (80 KB); two such blocks and
-// their static shared memory fit an sm_90 SM (228 KB), one an sm_80 SM.
-constexpr size_t kMaxNormCacheBytes = 96 * 1024;
+size_t NormSmemBytes(NormMode mode, int rows_per_block, int64_t C, int64_t H, bool prologue, size_t element_size) {
+  const size_t inv = NormInvRmsBytes(rows_per_block, C);
+  if (mode == kCache) return inv + static_cast<size_t>(rows_per_block * C * H) * element_size;
+  if (mode == kPrefetch) return inv + 2 * static_cast<size_t>(NormStageElements(rows_per_block, C, H, prologue)) * element_size;
+  return inv;
+}
+// Largest S cache / prefetch stages a block takes: two blocks (and their static shared memory) fit an
+// sm_90 SM (228 KB), one an sm_80 SM (164 KB). The real shape in 16-bit T: 4 rows cached (80 KB), or
+// 2 rows prefetched with the prologue (2 x 50 KB).
+constexpr size_t kMaxNormCacheBytes = 104 * 1024;
+
+// cp.async of row group `group` into a kPrefetch stage: this thread's own vectors only (the ones its
+// passes read), so only its own wait_group orders them.
+template <typename T, int VEC, int ROWS>
+__device__ __forceinline__ void PrefetchRowGroup(const NormArgs<T>& a, T* stage, int64_t group, int64_t C) {
+  static_assert(VEC * sizeof(T) == 16, "kPrefetch copies 16-byte vectors");
+  const int64_t width = C * a.H;
+  const int64_t step = int64_t{blockDim.x} * VEC;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int64_t row = std::min(group * ROWS + r, a.rows - 1);
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
+        CpAsync16(stage + (r * C + c) * a.H + h, a.streams + row * width + c * a.H + h);
+      }
+    }
+    if (a.prev_block_output != nullptr) {
+      for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
+        CpAsync16(stage + (ROWS * C + r) * a.H + h, a.prev_block_output + row * a.H + h);
+      }
+    }
+  }
+}
 
 // ROWS consecutive rows per block (row-group-stride loop; a short last group repeats its last row,
 // computed but never stored).
-// Pass 1, per round of kBranchGroup branches: forms S, writes streams_out (and, CACHE, S into shared
-// memory) and sums S^2 per thread and branch (sequential over h, j), then per branch a warp butterfly
-// whose warp sums lane 0 parks in shared memory; after the round's barrier the warp sums are added in
-// warp order (BlockSum's order) into 1 / rms.
-// Pass 2 takes S from shared memory (CACHE: streams and the prologue inputs are read once; each thread
-// reads back only the elements it wrote, so no barrier guards the cache) or forms it again, and writes
+// Pass 1, per round of kBranchGroup branches: forms S, writes streams_out (and, MODE != kFormTwice, S
+// into shared memory) and sums S^2 per thread and branch (sequential over h, j), then per branch a warp
+// butterfly whose warp sums lane 0 parks in shared memory; after the round's barrier the warp sums are
+// added in warp order (BlockSum's order) into 1 / rms.
+// Pass 2 takes S from shared memory (streams and the prologue inputs are read once; each thread reads
+// back only the elements it wrote, so no barrier guards them) or forms it again (kFormTwice), and writes
 // hn; per thread and branch c, part_c[c'] = sum over its h, j of hn[k] * inject_weight[k, c']
 // (sequential, from 0); inject[c'] = part_0 + part_1 + ... in branch order, then BlockSum's order;
 // post_gate from the rounded inject.
 // CC = C known at compile time (4: the real shape; its inject_weight rows load as 16-byte vectors),
 // or 0 for any C (scalar loads, kInjectGroup columns per pass). Pass 1 loads BR1 branches of ROWS rows
 // before storing any (stores may alias the loads, so the compiler cannot hoist later loads above them),
-// pass 2 BR; two blocks of 256 threads stay resident per SM. ROWS, CC, BR1, BR and CACHE only change how
-// loads are issued and amortized: a row's operations, and so its bits, are the same for every ROWS, CC,
-// CACHE and row count.
-template <typename T, int VEC, int ROWS, int CC, bool CACHE>
+// pass 2 BR; two blocks of 256 threads stay resident per SM. ROWS, CC, BR1, BR, MODE and the grid only
+// change how loads are issued and amortized: a row's operations, and so its bits, are the same for
+// every ROWS, CC, MODE, grid and row count.
+template <typename T, int VEC, int ROWS, int CC, int MODE>
 __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArgs<T> a) {
   // pass 1: up to 8 S vectors in flight (all 4 branches for 1 and 2 rows a block)
   constexpr int BR1 = CC > 0 ? (ROWS * CC <= 8 ? CC : (8 / ROWS > 0 ? 8 / ROWS : 1)) : 1;
@@ -149,14 +207,32 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
   extern __shared__ __align__(16) unsigned char norm_smem[];
   float* inv_rms = reinterpret_cast<float*>(norm_smem);  // [ROWS][C]
   const int64_t C = CC > 0 ? CC : a.C;
-  T* s_cache = reinterpret_cast<T*>(norm_smem + NormInvRmsBytes(ROWS, C));  // [ROWS][C][H] (CACHE)
+  T* const smem_t = reinterpret_cast<T*>(norm_smem + NormInvRmsBytes(ROWS, C));
+  const bool prologue = a.prev_block_output != nullptr;
+  const int64_t stage_elements = NormStageElements(ROWS, C, a.H, prologue);  // kPrefetch
+  int stage = 0;
   const int64_t width = C * a.H;
   const int64_t step = int64_t{blockDim.x} * VEC;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int num_warps = blockDim.x >> 5;
   const int64_t groups = (a.rows + ROWS - 1) / ROWS;
-  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+  if constexpr (MODE == kPrefetch) {
+    if (blockIdx.x < groups) PrefetchRowGroup<T, VEC, ROWS>(a, smem_t, blockIdx.x, C);
+    CpAsyncCommit();
+  }
+  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x, stage ^= 1) {
+    // S of this group: kCache [ROWS][C][H]; kPrefetch the stage's streams, turned into S by pass 1
+    T* const s_cache = smem_t + stage * stage_elements;
+    if constexpr (MODE == kPrefetch) {
+      if (group + gridDim.x < groups) {
+        PrefetchRowGroup<T, VEC, ROWS>(a, smem_t + (stage ^ 1) * stage_elements, group + gridDim.x, C);
+        CpAsyncCommit();
+        CpAsyncWait<1>();  // this group's copies landed; the next group's fly during both passes
+      } else {
+        CpAsyncWait<0>();
+      }
+    }
     int64_t row[ROWS];
     bool live[ROWS];
 #pragma unroll
@@ -178,7 +254,18 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
 #pragma unroll
           for (int b = 0; b < BR1; ++b) {
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) s[b][r] = LoadS<T, VEC>(a, row[r], b0 + cb + b, h);
+            for (int r = 0; r < ROWS; ++r) {
+              if constexpr (MODE == kPrefetch) {
+                const int64_t c = b0 + cb + b;
+                s[b][r] = LoadVec<T, VEC>(s_cache + (r * C + c) * a.H + h);
+                if (prologue) {
+                  s[b][r] = PrologueVec<T, VEC>(s[b][r], ToFloat(a.prev_post_gate[row[r] * C + c]),
+                                                LoadVec<T, VEC>(s_cache + (ROWS * C + r) * a.H + h));
+                }
+              } else {
+                s[b][r] = LoadS<T, VEC>(a, row[r], b0 + cb + b, h);
+              }
+            }
           }
 #pragma unroll
           for (int b = 0; b < BR1; ++b) {
@@ -187,7 +274,10 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
               if (a.streams_out != nullptr && live[r]) {
                 StoreVec<T, VEC>(a.streams_out + row[r] * width + (b0 + cb + b) * a.H + h, s[b][r]);
               }
-              if constexpr (CACHE) StoreVec<T, VEC>(s_cache + (r * C + b0 + cb + b) * a.H + h, s[b][r]);
+              if constexpr (MODE == kCache) StoreVec<T, VEC>(s_cache + (r * C + b0 + cb + b) * a.H + h, s[b][r]);
+              if constexpr (MODE == kPrefetch) {
+                if (prologue) StoreVec<T, VEC>(s_cache + (r * C + b0 + cb + b) * a.H + h, s[b][r]);  // S in place
+              }
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
                 sum_sq[b][r] = MulAdd(ToFloat(s[b][r].v[j]), ToFloat(s[b][r].v[j]), sum_sq[b][r]);
@@ -241,7 +331,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
             scale[b] = LoadVec<T, VEC>(a.norm_scale + (c + b) * a.H + h);
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
-              if constexpr (CACHE) {
+              if constexpr (MODE != kFormTwice) {
                 s[b][r] = LoadVec<T, VEC>(s_cache + (r * C + c + b) * a.H + h);  // S as pass 1 formed it
               } else {
                 s[b][r] = LoadS<T, VEC>(a, row[r], c + b, h);
@@ -505,18 +595,20 @@ HcLaunchStatus SplitGemm(const char* step, HcLtGemm& gemm, bool use_lt, const T*
 // How the down and up products run in the row range of `rows` (see the file comment): the K split,
 // the rows both pinned algorithms are planned for, and the largest row chunk of the split product.
 struct RangePlan {
-  bool prefill = false;
+  const char* name = "";
   int64_t splits = 1, split_plan_rows = 0, up_plan_rows = 0, max_chunk_rows = 0;
 };
 
 RangePlan PlanRange(const HcLowRankMixParams& p) {
-  RangePlan r;
-  r.prefill = p.rows >= kHcPrefillMinRows;
-  r.splits = r.prefill ? HcPrefillSplitCount(p.width()) : HcSplitCount(p.width());
-  r.split_plan_rows = r.prefill ? HcLtGemm::kPrefillPlanRows : HcLtGemm::kSplitPlanRows;
-  r.up_plan_rows = r.prefill ? HcLtGemm::kPrefillPlanRows : HcLtGemm::kPlanRows;
-  r.max_chunk_rows = r.prefill ? kMaxPrefillChunkRows : kMaxChunkRows;
-  return r;
+  const int64_t K = p.width();
+  if (p.rows >= kHcPrefillMinRows) {
+    return {"prefill", HcPrefillSplitCount(K), HcLtGemm::kPrefillPlanRows, HcLtGemm::kPrefillPlanRows,
+            kMaxPrefillChunkRows};
+  }
+  if (p.rows >= kHcMidMinRows) {
+    return {"mid", HcMidSplitCount(K), HcLtGemm::kMidPlanRows, HcLtGemm::kPlanRows, kMaxChunkRows};
+  }
+  return {"few-row", HcSplitCount(K), HcLtGemm::kSplitPlanRows, HcLtGemm::kPlanRows, kMaxChunkRows};
 }
 
 // Rows per chunk of the split product. The fp32 partials take splits * R floats per row, so the
@@ -573,50 +665,88 @@ bool NormInjectFixedC(const NormArgs<T>& a) {
   return false;
 }
 
-// Launches one instantiation with `smem` bytes of dynamic shared memory (opted in above 48 KB).
-template <typename T, int VEC, int ROWS, int CC, bool CACHE>
-cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, unsigned blocks, int threads, size_t smem,
-                                   cudaStream_t stream) {
-  auto* kernel = HcNormInjectKernel<T, VEC, ROWS, CC, CACHE>;
-  if (smem > 48 * 1024) {
+// Launches one instantiation with `smem` bytes of dynamic shared memory: shared memory preferred over
+// L1 (two blocks of up to kMaxNormCacheBytes fit an SM only then); kPrefetch with a persistent grid of
+// at most the resident blocks.
+template <typename T, int VEC, int ROWS, int CC, int MODE>
+cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, int threads, size_t smem, cudaStream_t stream,
+                                   unsigned* blocks) {
+  auto* kernel = HcNormInjectKernel<T, VEC, ROWS, CC, MODE>;
+  const int64_t groups = (a.rows + ROWS - 1) / ROWS;
+  *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
+  if (MODE != kFormTwice) {
     if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem));
         e != cudaSuccess) {
       return e;
     }
+    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   static_cast<int>(cudaSharedmemCarveoutMaxShared));
+        e != cudaSuccess) {
+      return e;
+    }
   }
-  kernel<<<blocks, threads, smem, stream>>>(a);
+  if (MODE == kPrefetch) {
+    int device = 0, sms = 0, per_sm = 0;
+    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) {
+      return e;
+    }
+    if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+        e != cudaSuccess) {
+      return e;
+    }
+    *blocks = static_cast<unsigned>(std::min<int64_t>(*blocks, std::max(1, per_sm * sms)));
+  }
+  kernel<<<*blocks, threads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
-// Picks the instantiation: the fixed-C kernel (rows per block by row count, fewer where their S does not
-// fit kMaxNormCacheBytes) or the generic one (one row a block); S cached in shared memory where the
-// block's rows fit kMaxNormCacheBytes, else formed twice (very wide rows). Same bits for every choice.
+// Picks the instantiation (no choice changes a bit): the fixed-C kernel with rows per block by row
+// count, or the generic one (one row a block); kPrefetch where the vectors are 16 bytes (fixed C) and two
+// stages fit kMaxNormCacheBytes (at most 2 rows a block), else kCache where the rows fit it (fewer rows a
+// block until they do), else kFormTwice (very wide rows).
 template <typename T, int VEC>
-cudaError_t LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, bool* cached, int threads,
+cudaError_t LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, NormMode* mode, int threads,
                              cudaStream_t stream, unsigned* blocks) {
   const bool fixed_c = NormInjectFixedC<T, VEC>(a);
+  const bool prologue = a.prev_block_output != nullptr;
+  auto smem = [&](NormMode m, int rows) { return NormSmemBytes(m, rows, a.C, a.H, prologue, sizeof(T)); };
   if (!fixed_c) *rows_per_block = 1;
-  while (*rows_per_block > 1 && NormCacheBytes(*rows_per_block, a.C, a.H, sizeof(T)) > kMaxNormCacheBytes) {
-    *rows_per_block /= 2;
-  }
-  *cached = NormCacheBytes(*rows_per_block, a.C, a.H, sizeof(T)) <= kMaxNormCacheBytes;
-  const int64_t groups = (a.rows + *rows_per_block - 1) / *rows_per_block;
-  *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
-  const size_t smem =
-      NormInvRmsBytes(*rows_per_block, a.C) + (*cached ? NormCacheBytes(*rows_per_block, a.C, a.H, sizeof(T)) : 0);
-  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
-    if (fixed_c && *cached) {
-      switch (*rows_per_block) {
-        case 4: return LaunchNormInjectKernel<T, VEC, 4, 4, true>(a, *blocks, threads, smem, stream);
-        case 2: return LaunchNormInjectKernel<T, VEC, 2, 4, true>(a, *blocks, threads, smem, stream);
-        default: return LaunchNormInjectKernel<T, VEC, 1, 4, true>(a, *blocks, threads, smem, stream);
-      }
+  *mode = kFormTwice;
+  if (fixed_c && VEC * sizeof(T) == 16) {
+    int rows = std::min(*rows_per_block, 2);
+    while (rows > 1 && smem(kPrefetch, rows) > kMaxNormCacheBytes) rows /= 2;
+    if (smem(kPrefetch, rows) <= kMaxNormCacheBytes) {
+      *mode = kPrefetch;
+      *rows_per_block = rows;
     }
-    if (fixed_c) return LaunchNormInjectKernel<T, VEC, 1, 4, false>(a, *blocks, threads, smem, stream);
   }
-  return *cached ? LaunchNormInjectKernel<T, VEC, 1, 0, true>(a, *blocks, threads, smem, stream)
-                 : LaunchNormInjectKernel<T, VEC, 1, 0, false>(a, *blocks, threads, smem, stream);
+  if (*mode == kFormTwice) {
+    while (*rows_per_block > 1 && smem(kCache, *rows_per_block) > kMaxNormCacheBytes) *rows_per_block /= 2;
+    if (smem(kCache, *rows_per_block) <= kMaxNormCacheBytes) *mode = kCache;
+  }
+  const size_t bytes = smem(*mode, *rows_per_block);
+  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
+    if (fixed_c) {
+      if constexpr (VEC * sizeof(T) == 16) {
+        if (*mode == kPrefetch) {
+          return *rows_per_block == 2 ? LaunchNormInjectKernel<T, VEC, 2, 4, kPrefetch>(a, threads, bytes, stream, blocks)
+                                      : LaunchNormInjectKernel<T, VEC, 1, 4, kPrefetch>(a, threads, bytes, stream, blocks);
+        }
+      }
+      if (*mode == kCache) {
+        switch (*rows_per_block) {
+          case 4: return LaunchNormInjectKernel<T, VEC, 4, 4, kCache>(a, threads, bytes, stream, blocks);
+          case 2: return LaunchNormInjectKernel<T, VEC, 2, 4, kCache>(a, threads, bytes, stream, blocks);
+          default: return LaunchNormInjectKernel<T, VEC, 1, 4, kCache>(a, threads, bytes, stream, blocks);
+        }
+      }
+      return LaunchNormInjectKernel<T, VEC, 1, 4, kFormTwice>(a, threads, bytes, stream, blocks);
+    }
+  }
+  return *mode == kCache ? LaunchNormInjectKernel<T, VEC, 1, 0, kCache>(a, threads, bytes, stream, blocks)
+                         : LaunchNormInjectKernel<T, VEC, 1, 0, kFormTwice>(a, threads, bytes, stream, blocks);
 }
 
 }  // namespace
@@ -651,14 +781,14 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   const int norm_vec = PickVec<T>(H, {t.streams, t.norm_scale, t.prev_block_output, t.streams_out, hn});
   const int norm_threads = NormThreads(H, norm_vec);
   int norm_rows = NormRowsPerBlock(rows);  // 1 where the generic-C kernel runs
-  bool norm_cached = false;
+  NormMode norm_mode = kFormTwice;
   unsigned norm_blocks = 0;
   cudaError_t norm_status = cudaSuccess;
   switch (norm_vec) {
-    case 8: norm_status = LaunchNormInject<T, 8>(norm, &norm_rows, &norm_cached, norm_threads, stream, &norm_blocks); break;
-    case 4: norm_status = LaunchNormInject<T, 4>(norm, &norm_rows, &norm_cached, norm_threads, stream, &norm_blocks); break;
-    case 2: norm_status = LaunchNormInject<T, 2>(norm, &norm_rows, &norm_cached, norm_threads, stream, &norm_blocks); break;
-    default: norm_status = LaunchNormInject<T, 1>(norm, &norm_rows, &norm_cached, norm_threads, stream, &norm_blocks); break;
+    case 8: norm_status = LaunchNormInject<T, 8>(norm, &norm_rows, &norm_mode, norm_threads, stream, &norm_blocks); break;
+    case 4: norm_status = LaunchNormInject<T, 4>(norm, &norm_rows, &norm_mode, norm_threads, stream, &norm_blocks); break;
+    case 2: norm_status = LaunchNormInject<T, 2>(norm, &norm_rows, &norm_mode, norm_threads, stream, &norm_blocks); break;
+    default: norm_status = LaunchNormInject<T, 1>(norm, &norm_rows, &norm_mode, norm_threads, stream, &norm_blocks); break;
   }
   if (auto s = CudaFailure("HcNormInjectKernel", norm_status); !s.ok()) return s;
 
@@ -691,31 +821,48 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     if (auto s = CudaFailure("HcSplitReduceKernel", cudaGetLastError()); !s.ok()) return s;
   }
 
-  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
-                       range.up_plan_rows, workspace, stream);
-      !s.ok()) {
-    return s;
+  // up, g and pre_output: one fused tensor-core kernel where it runs the shape (16-bit T, C = 4; the
+  // choice depends on shape, type and alignments only), else cuBLASLt's up product and the epilogue kernel.
+  const bool fused_up = HcUpGateGemmEligible<T>(C, H, R, hidden, t.up_weight, hn, t.pre_output);
+  unsigned epi_blocks = 0;
+  int epi_vec = 0, up_rows_per_block = 0;
+  if (fused_up) {
+    if (auto s = CudaFailure("HcUpGateGemmKernel",
+                             LaunchHcUpGateGemm<T>(hidden, t.up_weight, hn, t.pre_output, rows, H, R,
+                                                   p.reduction_scale, stream, &epi_blocks, &up_rows_per_block));
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
+                         range.up_plan_rows, workspace, stream);
+        !s.ok()) {
+      return s;
+    }
+    const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
+    epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
+    epi_blocks = ElementwiseBlocks(rows * (H / epi_vec));
+    HC_DISPATCH_VEC(epi_vec, HcGateEpilogueKernel, T, epi_blocks, kElementwiseThreads, epi);
+    if (auto s = CudaFailure("HcGateEpilogueKernel", cudaGetLastError()); !s.ok()) return s;
   }
-
-  const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
-  const int epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
-  const unsigned epi_blocks = ElementwiseBlocks(rows * (H / epi_vec));
-  HC_DISPATCH_VEC(epi_vec, HcGateEpilogueKernel, T, epi_blocks, kElementwiseThreads, epi);
-  if (auto s = CudaFailure("HcGateEpilogueKernel", cudaGetLastError()); !s.ok()) return s;
 
   if (debug) {
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMix general path (%s range) rows=%lld C=%lld H=%lld R=%lld: "
                  "HcNormInjectKernel grid %u x %d (vec %d, %d rows per block, S %s), down split into %lld K slices of "
                  "%lld (%s, planned at %lld rows) in chunks of %lld rows, HcSplitReduceKernel grid %u x %d (last "
-                 "chunk), up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d)\n",
-                 range.prefill ? "prefill" : "few-row", static_cast<long long>(rows), static_cast<long long>(C),
+                 "chunk), %s grid %u (%d rows a block; vec %d)\n",
+                 range.name, static_cast<long long>(rows), static_cast<long long>(C),
                  static_cast<long long>(H), static_cast<long long>(R), norm_blocks, norm_threads, norm_vec, norm_rows,
-                 norm_cached ? "cached in shared memory" : "formed twice",
+                 norm_mode == kPrefetch ? "prefetched by cp.async, kept in shared memory"
+                 : norm_mode == kCache  ? "kept in shared memory"
+                                        : "formed twice",
                  static_cast<long long>(range.splits), static_cast<long long>(width / range.splits),
                  down_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(range.split_plan_rows),
                  static_cast<long long>(layout.chunk_rows), reduce_blocks, kElementwiseThreads,
-                 static_cast<long long>(range.up_plan_rows), epi_blocks, kElementwiseThreads, epi_vec);
+                 fused_up ? "HcUpGateGemmKernel (up + gate epilogue fused)"
+                          : "cuBLASLt up (planned at the range's plan rows) + HcGateEpilogueKernel",
+                 epi_blocks, fused_up ? up_rows_per_block : 0, epi_vec);
   }
   return {};
 }
