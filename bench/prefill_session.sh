@@ -7,8 +7,8 @@
 #   HCFUSE_LIBRARY=/path/libhcfuse_ops.so bash bench/prefill_session.sh   (built here when unset or unloadable;
 #   ORT_INCLUDE_DIR then names a folder holding onnxruntime_c_api.h; onnxruntime-gpu importable)
 # BENCH_ARGS overrides the benchmark's arguments, SANITIZE_TESTS the -k expression of the tests the
-# sanitizers run (tests/test_prefill_cuda.py; default: bfloat16, the awkward shapes in the mid range (a
-# persistent, prefetching norm grid at 303 rows) and the wide rows).
+# sanitizers run (tests/test_prefill_cuda.py; default: bfloat16, two awkward shapes at 303 and 2100 rows (the
+# cached and the cp.async-prefetching norm kernel, fixed and generic C) and the wide rows).
 set -uo pipefail
 out=${OUT:-prefill_out}
 mkdir -p "$out"
@@ -68,7 +68,7 @@ for step in ${STEPS:-profile tests bench sanitize}; do
     for tool in memcheck racecheck synccheck; do
       timeout "$(cap 60)" compute-sanitizer --tool "$tool" --kernel-name kns=Hc --error-exitcode 9 \
         python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py \
-        -k "${SANITIZE_TESTS:-(awkward and mid or wide) and bf16}" > "$out/sanitize_$tool.log" 2>&1
+        -k "${SANITIZE_TESTS:-awkward and bf16 and (mid or long) and (4-640 or 3-100) or wide and bf16}" > "$out/sanitize_$tool.log" 2>&1
       stamp "$tool: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1) $(tail -1 "$out/sanitize_$tool.log")"
     done
     ;;

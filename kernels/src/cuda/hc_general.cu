@@ -2,21 +2,17 @@
 //
 //   HcNormInjectKernel  S (prologue), per-branch rms, hn, inject = hn @ inject_weight (a fixed-order
 //                      fp32 dot product per row) and post_gate   -> streams_out, hn (scratch), post_gate;
-//                      S stays in shared memory between its two passes (cp.async-prefetched a row group
-//                      ahead where the rows fit), so streams and the prologue inputs are read once
+//                      S stays in shared memory between its two passes (from 2048 rows cp.async-prefetched
+//                      a row group ahead), so streams and the prologue inputs are read once
 //   per chunk of at most ChunkRows rows:
 //     GEMM (cuBLASLt, strided-batched)  fp32 partials of down = hn @ down_weight over a fixed number
 //                      of K slices (HcFallbackGemmKernel where cuBLASLt has no algorithm)
 //     HcSplitReduceKernel  down = the slices' sum in order b = 0, 1, ..., rounded to T;
 //                      hidden = ScaledSiLU(down)
-//   16-bit T, C = 4 (hc_up_gate_gemm.cu):
-//     HcUpGateGemmKernel  up = hidden @ up_weight on tensor cores, g = sigmoid(up), pre_output, with up
-//                      in registers only
-//   otherwise:
-//     GEMM (cuBLASLt)    up = hidden @ up_weight
-//     HcGateEpilogueKernel  g = sigmoid(up), pre_output
+//   GEMM (cuBLASLt)    up = hidden @ up_weight
+//   HcGateEpilogueKernel  g = sigmoid(up), pre_output
 //
-// Three row ranges (hc_gemm.h), which differ in the down product (and the cuBLASLt up product) only:
+// Three row ranges (hc_gemm.h), which differ in the down and up products only:
 //   few rows   rows <  kHcMidMinRows (256): HcSplitCount(C*H) slices (40 for the real shape: enough
 //              CTAs at a few rows), algorithms planned at kSplitPlanRows / kPlanRows rows;
 //   mid        kHcMidMinRows <= rows < kHcPrefillMinRows (1024): HcMidSplitCount(C*H) slices (16),
@@ -27,9 +23,9 @@
 // Within a range each output element is computed by a fixed sequence of operations that does not
 // depend on the row count or on which block runs it (row-stride and grid-stride loops; reductions in
 // fixed order; the K split depends on K and the range only; GEMM algorithms pinned in HcLtGemm, the
-// same for every chunk; HcUpGateGemmKernel's k order fixed), so results are deterministic and row
-// independent within the range. S, hn, inject and post_gate do not depend on the range at all (one
-// kernel, one order, for every row count); pre_output does (another K split of down).
+// same for every chunk), so results are deterministic and row independent within the range. S, hn,
+// inject and post_gate do not depend on the range at all (one kernel, one order, for every row count);
+// pre_output does (another K split of down).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -38,7 +34,6 @@
 #include "cuda/hc_cp_async.cuh"
 #include "cuda/hc_gemm.h"
 #include "cuda/hc_lowrank_mix_cuda.h"
-#include "cuda/hc_up_gate_gemm.h"
 
 namespace hcfuse {
 namespace cuda {
@@ -151,8 +146,11 @@ size_t NormSmemBytes(NormMode mode, int rows_per_block, int64_t C, int64_t H, bo
 }
 // Largest S cache / prefetch stages a block takes: two blocks (and their static shared memory) fit an
 // sm_90 SM (228 KB), one an sm_80 SM (164 KB). The real shape in 16-bit T: 4 rows cached (80 KB), or
-// 2 rows prefetched with the prologue (2 x 50 KB).
+// 2 rows prefetched with the prologue (2 x 50 KB); in float32 2 rows cached, never prefetched.
 constexpr size_t kMaxNormCacheBytes = 104 * 1024;
+// kPrefetch's rows per block, and the row count from which it runs (LaunchNormInject).
+constexpr int kNormPrefetchRows = 2;
+constexpr int64_t kNormPrefetchMinRows = 2048;
 
 // cp.async of row group `group` into a kPrefetch stage: this thread's own vectors only (the ones its
 // passes read), so only its own wait_group orders them.
@@ -223,7 +221,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
   }
   for (int64_t group = blockIdx.x; group < groups; group += gridDim.x, stage ^= 1) {
     // S of this group: kCache [ROWS][C][H]; kPrefetch the stage's streams, turned into S by pass 1
-    T* const s_cache = smem_t + stage * stage_elements;
+    T* const s_cache = MODE == kPrefetch ? smem_t + stage * stage_elements : smem_t;
     if constexpr (MODE == kPrefetch) {
       if (group + gridDim.x < groups) {
         PrefetchRowGroup<T, VEC, ROWS>(a, smem_t + (stage ^ 1) * stage_elements, group + gridDim.x, C);
@@ -665,28 +663,28 @@ bool NormInjectFixedC(const NormArgs<T>& a) {
   return false;
 }
 
-// Launches one instantiation with `smem` bytes of dynamic shared memory: shared memory preferred over
-// L1 (two blocks of up to kMaxNormCacheBytes fit an SM only then); kPrefetch with a persistent grid of
-// at most the resident blocks.
+// Launches one instantiation with `smem` bytes of dynamic shared memory (opted in above 48 KB);
+// kPrefetch prefers shared memory to L1 (two blocks of its stages fit an SM only then) and runs a
+// persistent grid of at most the resident blocks.
 template <typename T, int VEC, int ROWS, int CC, int MODE>
 cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, int threads, size_t smem, cudaStream_t stream,
                                    unsigned* blocks) {
   auto* kernel = HcNormInjectKernel<T, VEC, ROWS, CC, MODE>;
   const int64_t groups = (a.rows + ROWS - 1) / ROWS;
   *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
-  if (MODE != kFormTwice) {
+  if (smem > 48 * 1024) {
     if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem));
         e != cudaSuccess) {
       return e;
     }
+  }
+  if constexpr (MODE == kPrefetch) {
     if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                                    static_cast<int>(cudaSharedmemCarveoutMaxShared));
         e != cudaSuccess) {
       return e;
     }
-  }
-  if (MODE == kPrefetch) {
     int device = 0, sms = 0, per_sm = 0;
     if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
     if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) {
@@ -703,9 +701,12 @@ cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, int threads, size_t sme
 }
 
 // Picks the instantiation (no choice changes a bit): the fixed-C kernel with rows per block by row
-// count, or the generic one (one row a block); kPrefetch where the vectors are 16 bytes (fixed C) and two
-// stages fit kMaxNormCacheBytes (at most 2 rows a block), else kCache where the rows fit it (fewer rows a
-// block until they do), else kFormTwice (very wide rows).
+// count, or the generic one (one row a block); kPrefetch from kNormPrefetchMinRows rows where the vectors
+// are 16 bytes (fixed C) and two stages of kNormPrefetchRows rows fit kMaxNormCacheBytes, else kCache
+// where the rows fit it (fewer rows a block until they do), else kFormTwice (very wide rows).
+// Measured on an H200 (real shape, bf16, ncu): 4096 rows 117.6 us prefetched (2 rows a block) against
+// 137.5 cached (4 rows a block); 1024 rows 32.2 against 31.8 (2 rows a block both); 256 rows 13.5 against
+// 11.8 (one row a block both): so kPrefetch only from 2048 rows, where the grid has groups to spare.
 template <typename T, int VEC>
 cudaError_t LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, NormMode* mode, int threads,
                              cudaStream_t stream, unsigned* blocks) {
@@ -714,13 +715,10 @@ cudaError_t LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, NormMode
   auto smem = [&](NormMode m, int rows) { return NormSmemBytes(m, rows, a.C, a.H, prologue, sizeof(T)); };
   if (!fixed_c) *rows_per_block = 1;
   *mode = kFormTwice;
-  if (fixed_c && VEC * sizeof(T) == 16) {
-    int rows = std::min(*rows_per_block, 2);
-    while (rows > 1 && smem(kPrefetch, rows) > kMaxNormCacheBytes) rows /= 2;
-    if (smem(kPrefetch, rows) <= kMaxNormCacheBytes) {
-      *mode = kPrefetch;
-      *rows_per_block = rows;
-    }
+  if (fixed_c && VEC * sizeof(T) == 16 && a.rows >= kNormPrefetchMinRows &&
+      smem(kPrefetch, kNormPrefetchRows) <= kMaxNormCacheBytes) {
+    *mode = kPrefetch;
+    *rows_per_block = kNormPrefetchRows;
   }
   if (*mode == kFormTwice) {
     while (*rows_per_block > 1 && smem(kCache, *rows_per_block) > kMaxNormCacheBytes) *rows_per_block /= 2;
@@ -731,8 +729,7 @@ cudaError_t LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, NormMode
     if (fixed_c) {
       if constexpr (VEC * sizeof(T) == 16) {
         if (*mode == kPrefetch) {
-          return *rows_per_block == 2 ? LaunchNormInjectKernel<T, VEC, 2, 4, kPrefetch>(a, threads, bytes, stream, blocks)
-                                      : LaunchNormInjectKernel<T, VEC, 1, 4, kPrefetch>(a, threads, bytes, stream, blocks);
+          return LaunchNormInjectKernel<T, VEC, kNormPrefetchRows, 4, kPrefetch>(a, threads, bytes, stream, blocks);
         }
       }
       if (*mode == kCache) {
@@ -821,37 +818,24 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     if (auto s = CudaFailure("HcSplitReduceKernel", cudaGetLastError()); !s.ok()) return s;
   }
 
-  // up, g and pre_output: one fused tensor-core kernel where it runs the shape (16-bit T, C = 4; the
-  // choice depends on shape, type and alignments only), else cuBLASLt's up product and the epilogue kernel.
-  const bool fused_up = HcUpGateGemmEligible<T>(C, H, R, hidden, t.up_weight, hn, t.pre_output);
-  unsigned epi_blocks = 0;
-  int epi_vec = 0, up_rows_per_block = 0;
-  if (fused_up) {
-    if (auto s = CudaFailure("HcUpGateGemmKernel",
-                             LaunchHcUpGateGemm<T>(hidden, t.up_weight, hn, t.pre_output, rows, H, R,
-                                                   p.reduction_scale, stream, &epi_blocks, &up_rows_per_block));
-        !s.ok()) {
-      return s;
-    }
-  } else {
-    if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
-                         range.up_plan_rows, workspace, stream);
-        !s.ok()) {
-      return s;
-    }
-    const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
-    epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
-    epi_blocks = ElementwiseBlocks(rows * (H / epi_vec));
-    HC_DISPATCH_VEC(epi_vec, HcGateEpilogueKernel, T, epi_blocks, kElementwiseThreads, epi);
-    if (auto s = CudaFailure("HcGateEpilogueKernel", cudaGetLastError()); !s.ok()) return s;
+  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
+                       range.up_plan_rows, workspace, stream);
+      !s.ok()) {
+    return s;
   }
+
+  const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
+  const int epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
+  const unsigned epi_blocks = ElementwiseBlocks(rows * (H / epi_vec));
+  HC_DISPATCH_VEC(epi_vec, HcGateEpilogueKernel, T, epi_blocks, kElementwiseThreads, epi);
+  if (auto s = CudaFailure("HcGateEpilogueKernel", cudaGetLastError()); !s.ok()) return s;
 
   if (debug) {
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMix general path (%s range) rows=%lld C=%lld H=%lld R=%lld: "
                  "HcNormInjectKernel grid %u x %d (vec %d, %d rows per block, S %s), down split into %lld K slices of "
                  "%lld (%s, planned at %lld rows) in chunks of %lld rows, HcSplitReduceKernel grid %u x %d (last "
-                 "chunk), %s grid %u (%d rows a block; vec %d)\n",
+                 "chunk), up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d)\n",
                  range.name, static_cast<long long>(rows), static_cast<long long>(C),
                  static_cast<long long>(H), static_cast<long long>(R), norm_blocks, norm_threads, norm_vec, norm_rows,
                  norm_mode == kPrefetch ? "prefetched by cp.async, kept in shared memory"
@@ -860,9 +844,7 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
                  static_cast<long long>(range.splits), static_cast<long long>(width / range.splits),
                  down_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(range.split_plan_rows),
                  static_cast<long long>(layout.chunk_rows), reduce_blocks, kElementwiseThreads,
-                 fused_up ? "HcUpGateGemmKernel (up + gate epilogue fused)"
-                          : "cuBLASLt up (planned at the range's plan rows) + HcGateEpilogueKernel",
-                 epi_blocks, fused_up ? up_rows_per_block : 0, epi_vec);
+                 static_cast<long long>(range.up_plan_rows), epi_blocks, kElementwiseThreads, epi_vec);
   }
   return {};
 }
