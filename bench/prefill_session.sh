@@ -57,7 +57,7 @@ for step in ${STEPS:-profile tests bench sanitize}; do
   bench)
     # shellcheck disable=SC2086
     timeout "$(cap 240)" python3 bench/bench_decode.py --out "$out/bench" \
-      ${BENCH_ARGS:---dtypes bf16 --variants general stock --rows 256 1024 4096 --reps 3 --rep-ms 100} \
+      ${BENCH_ARGS:---dtypes bf16 fp16 --variants auto stock --rows 256 1024 4096 --reps 3 --rep-ms 100} \
       > "$out/bench.log" 2>&1
     stamp bench
     tail -22 "$out/bench.log"
