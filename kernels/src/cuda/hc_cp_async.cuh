@@ -7,12 +7,10 @@
 namespace hcfuse {
 namespace cuda {
 
-// 16 bytes global -> shared; zeros when !valid (src-size 0 reads nothing; gmem must still be a
-// mapped address).
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid = true) {
+// 16 bytes global -> shared (both 16-byte aligned), bypassing L1.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight.
