@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Issue 14's prefill device session: per-kernel times of one block on the general path (ncu, where it
-# exists; BASE_LIBRARY too when set: the before/after table), the general-path CUDA tests, and the
-# prefill benchmark. Logs under $OUT (or ./prefill_out). Steps run in the order of STEPS (default
-# "profile tests bench"), each capped by what is left of BUDGET_S seconds (default 220).
+# exists; BASE_LIBRARY too when set: the before/after table), the general-path CUDA tests, the
+# prefill benchmark and compute-sanitizer (memcheck, racecheck, synccheck) over the general path's
+# kernels. Logs under $OUT (or ./prefill_out). Steps run in the order of STEPS (default
+# "profile tests bench sanitize"), each capped by what is left of BUDGET_S seconds (default 220).
 #   HCFUSE_LIBRARY=/path/libhcfuse_ops.so bash bench/prefill_session.sh   (built here when unset or unloadable;
 #   ORT_INCLUDE_DIR then names a folder holding onnxruntime_c_api.h; onnxruntime-gpu importable)
-# BENCH_ARGS overrides the benchmark's arguments.
+# BENCH_ARGS overrides the benchmark's arguments, SANITIZE_TESTS the -k expression of the tests the
+# sanitizers run (tests/test_prefill_cuda.py; default: bfloat16, two awkward shapes at 303 and 2100 rows (the
+# cached and the cp.async-prefetching norm kernel, fixed and generic C) and the wide rows).
 set -uo pipefail
 out=${OUT:-prefill_out}
 mkdir -p "$out"
@@ -26,7 +29,7 @@ if [ -z "$lib" ] || ! python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" 
 fi
 export HCFUSE_LIBRARY=$lib
 
-for step in ${STEPS:-profile tests bench}; do
+for step in ${STEPS:-profile tests bench sanitize}; do
   case $step in
   profile)
     if command -v ncu > /dev/null; then
@@ -46,7 +49,7 @@ for step in ${STEPS:-profile tests bench}; do
     ;;
   tests)
     HCFUSE_CUDA_TEST_REPORT=$out/cuda_test_report.json timeout "$(cap 110)" python3 -m pytest -q -rs \
-      -p no:cacheprovider tests/test_prefill_cuda.py tests/test_kernels_cuda.py -k "general or prefill or boundary \
+      -p no:cacheprovider tests/test_prefill_cuda.py tests/test_kernels_cuda.py -k "general or prefill or boundary or wide \
       or awkward or branches or automatic" > "$out/tests.log" 2>&1
     stamp "tests: $(tail -1 "$out/tests.log")"
     grep -hE "^FAILED|^ERROR|Error" "$out/tests.log" | head -20
@@ -54,10 +57,20 @@ for step in ${STEPS:-profile tests bench}; do
   bench)
     # shellcheck disable=SC2086
     timeout "$(cap 240)" python3 bench/bench_decode.py --out "$out/bench" \
-      ${BENCH_ARGS:---dtypes bf16 --variants general stock --rows 256 1024 4096 --reps 3 --rep-ms 100} \
+      ${BENCH_ARGS:---dtypes bf16 fp16 --variants auto stock --rows 256 1024 4096 --reps 3 --rep-ms 100} \
       > "$out/bench.log" 2>&1
     stamp bench
     tail -22 "$out/bench.log"
+    ;;
+  sanitize)
+    # the general path's kernels only (kns=Hc: HcNormInjectKernel, HcSplitReduceKernel, HcGateEpilogueKernel,
+    # HcFallbackGemmKernel; cuBLASLt's are not ours); every test here forces the general path
+    for tool in memcheck racecheck synccheck; do
+      timeout "$(cap 60)" compute-sanitizer --tool "$tool" --kernel-name kns=Hc --error-exitcode 9 \
+        python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py \
+        -k "${SANITIZE_TESTS:-awkward and bf16 and (mid or long) and (4-640 or 3-100) or wide and bf16}" > "$out/sanitize_$tool.log" 2>&1
+      stamp "$tool: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1) $(tail -1 "$out/sanitize_$tool.log")"
+    done
     ;;
   esac
 done

@@ -224,9 +224,12 @@ def test_two_chained_blocks(hcfuse_lib, monkeypatch, rng, dtype, path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_row_independence_and_determinism(hcfuse_lib, monkeypatch, dtype, path):
-    """A row gives the same bits alone and inside batches of 16, 128 and 1000 (the general path's
+    """A row gives the same bits alone and inside batches of 16, 128 and 1000 rows (the general path's
     GEMMs see M = 1 ... 1000, above and below the M their algorithm was planned for), and two runs of
-    one session as well as a second session give the same bits."""
+    one session as well as a second session give the same bits. The general path's row ranges
+    (kernels/src/cuda/hc_general.cu: few-row 1-255, mid 256-1023 rows) each keep a row's bits for
+    every row count they serve: batches of 1 ... 255 rows are compared with 255 rows, 256 ... 1000
+    with 1000; the fast path is one range (every pair against 1000 rows)."""
     _require_dtype(dtype)
     if path == "fast" and dtype.itemsize != 2:
         pytest.skip("the fast path runs float16 and bfloat16 only")
@@ -244,7 +247,14 @@ def test_row_independence_and_determinism(hcfuse_lib, monkeypatch, dtype, path):
     second = cuda_session(model, hcfuse_lib, path, monkeypatch)
     for name, value in run(0, 1000, second).items():
         assert_bitwise_equal(value, full[name], f"determinism (second session) {name}")
-    for lo, hi in [(0, 1), (0, 16), (0, 128), (77, 78), (500, 628), (999, 1000)]:
+    pairs = [(0, 1), (0, 16), (0, 128), (77, 78), (500, 628), (999, 1000)]
+    if path == "general":  # the few-row range against its own 255-row batch, the mid range against 1000
+        few = run(0, 255)
+        for lo, hi in [(0, 1), (0, 16), (0, 128), (77, 78), (127, 255), (254, 255)]:
+            for name, value in run(lo, hi).items():
+                assert_bitwise_equal(value, few[name][lo:hi], f"rows [{lo}, {hi}) alone vs in 255: {name}")
+        pairs = [(0, 256), (744, 1000), (3, 1000), (500, 900)]
+    for lo, hi in pairs:
         part = run(lo, hi)
         for name, value in part.items():
             assert_bitwise_equal(value, full[name][lo:hi], f"rows [{lo}, {hi}) alone vs in 1000: {name}")

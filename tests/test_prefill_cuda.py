@@ -1,15 +1,19 @@
-"""The CUDA general path's two row ranges (kernels/src/cuda/hc_general.cu, hc_gemm.h):
+"""The CUDA general path's three row ranges (kernels/src/cuda/hc_general.cu, hc_gemm.h):
 
-  few rows   rows < 1024: down split into HcSplitCount(C*H) K slices (40 for the real shape);
+  few rows   rows < 256: down split into HcSplitCount(C*H) K slices (40 for the real shape), planned at 64 rows;
+  mid        256 <= rows < 1024: HcMidSplitCount(C*H) slices (16), planned at 256 rows;
   prefill    rows >= 1024: HcPrefillSplitCount(C*H) slices (4), both GEMM algorithms planned at 1024 rows.
 
-Both ranges share HcNormInjectKernel (S, hn, inject as a fixed-order dot product per row, post_gate),
-which puts 1, 2 or 4 rows in a block (C = 4) depending on the row count without changing a bit.
-Asserted here: the prefill range against hcfuse.reference (real shape on both sides of the boundary,
-awkward shapes: rows not a multiple of any tile or of the rows per block, H not a multiple of 64,
-small R, C = 1, C > 8 (two inject passes)); row independence across the row counts the prefill range
-serves and determinism; streams_out and post_gate identical across the two ranges. The few-row range's
-row independence (1 ... 1000 rows) is asserted in tests/test_kernels_cuda.py. Bounds are that module's.
+All ranges share HcNormInjectKernel (S, hn, inject as a fixed-order dot product per row, post_gate),
+which puts 1, 2 or 4 rows in a block and keeps S in shared memory (cached; from 2048 rows, C = 4 and
+16-byte vectors cp.async-prefetched a row group ahead on a persistent grid) or forms it twice (rows too
+wide), without changing a bit.
+Asserted here: the mid and prefill ranges against hcfuse.reference (real shape on both sides of both
+boundaries, awkward shapes in every range and in both shared-memory modes: rows not a multiple of any
+tile or of the rows per block, H not a multiple of 64, small R, C = 1, C > 8 (two inject passes));
+row independence inside each range (across both modes in the prefill range) and determinism;
+streams_out and post_gate identical across ranges. The real shape's row independence for 1 ... 1000
+rows is asserted in tests/test_kernels_cuda.py. Bounds are that module's.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tests.test_kernels_cuda import DTYPE_IDS, DTYPES, QWEN, QWEN_ATTRS, _check,
 
 pytestmark = pytest.mark.cuda
 
+MID_MIN_ROWS = 256  # kHcMidMinRows
 PREFILL_MIN_ROWS = 1024  # kHcPrefillMinRows
 _SAMPLE = 48  # reference rows per real-shape case (the reference is row independent)
 
@@ -49,16 +54,17 @@ def _real_shape(dtype, rows: int, seed: int):
 
 def _sample(rows: int) -> np.ndarray:
     """Rows to check: both ends, a spread, and the rows around the 128-row chunk and 4-row group edges."""
-    edges = [0, 1, 2, 3, 127, 128, 1023, 1024, 4095, 4096, rows - 2, rows - 1]
+    edges = [0, 1, 2, 3, 63, 64, 127, 128, 255, 256, 1023, 1024, 4095, 4096, rows - 2, rows - 1]
     spread = np.linspace(0, rows - 1, _SAMPLE - len(edges)).astype(int)
     return np.unique(np.clip(np.concatenate([edges, spread]), 0, rows - 1))
 
 
-@pytest.mark.parametrize("rows", [1023, 1024, 1500, 4099])
+@pytest.mark.parametrize("rows", [255, 256, 1023, 1024, 1500, 4099])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_real_shape_both_sides_of_the_boundary(hcfuse_lib, monkeypatch, dtype, rows):
-    """1023 rows (the few-row range's last count), 1024 (the prefill range's first), 1500 and 4099
-    (two row chunks of the prefill product, a short last row group) against the reference."""
+    """255 rows (the few-row range's last count), 256 (the mid range's first), 1023 (its last), 1024
+    (the prefill range's first), 1500 and 4099 (two row chunks of the prefill product, a short last row
+    group and row tile) against the reference."""
     _require_dtype(dtype)
     model, feeds, weights = _real_shape(dtype, rows, 14)
     got = run_bound(cuda_session(model, hcfuse_lib, "general", monkeypatch), {**feeds, **weights}, device="cuda")
@@ -94,27 +100,38 @@ def test_prefill_row_independence_and_determinism(hcfuse_lib, monkeypatch, dtype
                 assert_bitwise_equal(value, full[name][lo:hi], f"few-row batch [{lo}, {hi}) vs prefill batch: {name}")
 
 
-# (C, H, R): K = C*H not split (300), split 4 / 10 (2560), C = 1, C > 8 (two inject passes), H = 129
-AWKWARD_SHAPES = [(3, 100, 24), (4, 640, 64), (1, 72, 8), (10, 40, 16), (4, 129, 512)]
+# (C, H, R): K = C*H not split (300), split 4 / 10 (2560), C = 1, C > 8 (two inject passes), H = 129;
+# C = 4 with 16-byte vectors (the fixed-C norm kernel, prefetched from 2048 rows): (4, 640, 64),
+# (4, 96, 16) and (4, 160, 24) (R not a multiple of 16)
+AWKWARD_SHAPES = [(3, 100, 24), (4, 640, 64), (1, 72, 8), (10, 40, 16), (4, 129, 512), (4, 96, 16), (4, 160, 24)]
+# (leading dims, rows alone): one count per range, none a multiple of 64, and a batch inside the range;
+# "long" runs the prefetching norm kernel (2100 rows) and compares with 1030 rows alone (cached)
+AWKWARD_ROWS = {"few": ((5, 40), 130), "mid": ((3, 101), 257), "prefill": ((5, 206), 1024),
+                "long": ((3, 700), 1030)}
 
 
+@pytest.mark.parametrize("rows_range", list(AWKWARD_ROWS))
 @pytest.mark.parametrize("C,H,R", AWKWARD_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_awkward_shapes_prefill(hcfuse_lib, monkeypatch, rng, dtype, C, H, R):
-    """1030 rows as (5, 206) leading dims, prologue and streams_out, against the reference on every
-    row; the first 1024 rows alone give the same bits (row independence inside the prefill range)."""
+def test_awkward_shapes_prefill(hcfuse_lib, monkeypatch, rng, dtype, C, H, R, rows_range):
+    """200, 303, 1030 or 2100 rows as 2-D leading dims (the few-row, mid and prefill ranges), prologue and
+    streams_out, against the reference on every row; the first 130, 257, 1024 or 1030 rows alone give the
+    same bits (row independence inside the range)."""
     _require_dtype(dtype)
+    dims, alone = AWKWARD_ROWS[rows_range]
+    rows = dims[0] * dims[1]
     weights = random_weights(C, H, R, dtype, rng)
-    feeds = random_activations((5, 206), C, H, dtype, rng, prologue=True)
+    feeds = random_activations(dims, C, H, dtype, rng, prologue=True)
     model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, leading_dims=("a", "b"), prologue=True,
                                   streams_out=True)
     session = cuda_session(model, hcfuse_lib, "general", monkeypatch)
     got = run_bound(session, {**feeds, **weights}, device="cuda")
-    _check(got, _reference(feeds, weights, C), dtype, f"prefill C={C} H={H} R={R}", f"prefill awkward {dtype.name}")
-    flat = {k: v.reshape(1030, -1)[:1024].reshape(4, 256, -1) for k, v in feeds.items()}
+    _check(got, _reference(feeds, weights, C), dtype, f"{rows_range} rows={rows} C={C} H={H} R={R}",
+           f"prefill awkward {dtype.name}")
+    flat = {k: v.reshape(rows, -1)[:alone].reshape(1, alone, -1) for k, v in feeds.items()}
     for name, value in run_bound(session, {**flat, **weights}, device="cuda").items():
-        assert_bitwise_equal(value.reshape(1024, -1), got[name].reshape(1030, -1)[:1024],
-                             f"C={C} H={H} R={R}: 1024 rows alone vs in 1030: {name}")
+        assert_bitwise_equal(value.reshape(alone, -1), got[name].reshape(rows, -1)[:alone],
+                             f"C={C} H={H} R={R}: {alone} rows alone vs in {rows}: {name}")
 
 
 @pytest.mark.parametrize("rows", [3, 600])
@@ -128,3 +145,31 @@ def test_many_branches_few_rows(hcfuse_lib, monkeypatch, rng, dtype, rows):
     model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True)
     got = run_bound(cuda_session(model, hcfuse_lib, "general", monkeypatch), {**feeds, **weights}, device="cuda")
     _check(got, _reference(feeds, weights, C), dtype, f"C={C} rows={rows}", f"many-branches {dtype.name}")
+
+
+# (C, H): rows too wide for HcNormInjectKernel's shared memory (C*H*sizeof(T) > kMaxNormCacheBytes =
+# 104 KB; every other case here fits): the fixed-C kernel (C = 4) and the generic one (C = 2) form S
+# twice in every T; (3, 9000) is cached in 16-bit T (54 KB) and not in float32 (108 KB)
+WIDE_ROWS = [(4, 13400), (2, 27000), (3, 9000)]
+# K = C*H is 2.6-5.3x the real shape's: the order difference of the long dot products against the
+# reference's sequential sums grows with K (measured on an H200 with 4-5.3x K: float32 110-268, bfloat16 3
+# scaled ulps)
+_WIDE_BOUND_FACTOR = 8
+
+
+@pytest.mark.parametrize("C,H", WIDE_ROWS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_rows_too_wide_for_the_norm_cache(hcfuse_lib, monkeypatch, rng, dtype, C, H):
+    """Rows the norm kernel cannot cache against the reference, and a row alone gives the bits it has among 5."""
+    _require_dtype(dtype)
+    R = 8
+    weights = random_weights(C, H, R, dtype, rng)
+    feeds = random_activations((5,), C, H, dtype, rng, prologue=True)
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True)
+    session = cuda_session(model, hcfuse_lib, "general", monkeypatch)
+    got = run_bound(session, {**feeds, **weights}, device="cuda")
+    monkeypatch.setattr(test_kernels_cuda, "BOUND", {k: v * _WIDE_BOUND_FACTOR for k, v in test_kernels_cuda.BOUND.items()})
+    _check(got, _reference(feeds, weights, C), dtype, f"wide rows C={C} H={H}", f"prefill wide-rows {dtype.name}")
+    alone = run_bound(session, {**{k: v[3:4] for k, v in feeds.items()}, **weights}, device="cuda")
+    for name, value in alone.items():
+        assert_bitwise_equal(value, got[name][3:4], f"wide rows C={C} H={H}: row 3 alone vs among 5: {name}")

@@ -51,17 +51,24 @@ constexpr int64_t HcSplitCountUpTo(int64_t K, int64_t max_slices) {
   }
   return 1;
 }
-// The split of the few-row range (rows < kHcPrefillMinRows): many CTAs for few rows.
+// The split of the few-row range (rows < kHcMidMinRows): many CTAs for few rows.
 // K = 10240 (C*H of the real shape): 40 slices of 256.
 constexpr int64_t HcSplitCount(int64_t K) { return HcSplitCountUpTo(K, kHcSplitMaxSlices); }
 static_assert(HcSplitCount(10240) == 40, "the real shape's K = C*H = 10240 splits into 40 slices of 256");
 static_assert(HcSplitCount(320) == 1 && HcSplitCount(16) == 1, "short K is not split");
 
+// ---- The mid range (kHcMidMinRows <= rows < kHcPrefillMinRows): at most kHcMidMaxSlices slices,
+// planned at 256 rows. Measured on an H200 (real shape, bf16, split product + reduction, us): 256 rows
+// 10.3 with 16 slices against 14.0 with 40; 512 rows 13.2 against 19.3. K = 10240: 16 slices of 640.
+inline constexpr int64_t kHcMidMinRows = 256;
+inline constexpr int64_t kHcMidMaxSlices = 16;
+constexpr int64_t HcMidSplitCount(int64_t K) { return HcSplitCountUpTo(K, kHcMidMaxSlices); }
+static_assert(HcMidSplitCount(10240) == 16, "the real shape's K = 10240 splits into 16 slices of 640 in the mid range");
+
 // ---- The prefill range (rows >= kHcPrefillMinRows): enough rows that a few slices fill the GPU
 // (the real shape at 1024 rows: 8 x 3 tiles of 128 x 128 per slice), and each slice costs
 // rows * N * 8 bytes of fp32 partials (written, read back): at most kHcPrefillMaxSlices slices.
-// The boundary is above 1000 so that every row count up to 1000 shares one K split (the few-row
-// range's row independence, tests/test_kernels_cuda.py). K = 10240: 4 slices of 2560.
+// K = 10240: 4 slices of 2560 (1024 rows: 18.1 us against 41 with 40 slices and 21 with 16).
 inline constexpr int64_t kHcPrefillMinRows = 1024;
 inline constexpr int64_t kHcPrefillMaxSlices = 4;
 constexpr int64_t HcPrefillSplitCount(int64_t K) { return HcSplitCountUpTo(K, kHcPrefillMaxSlices); }
@@ -74,10 +81,12 @@ constexpr int64_t HcPartialStride(int64_t M, int64_t N) { return (M * N + 63) / 
 class HcLtGemm {
  public:
   // The M the one algorithm is chosen for (any M runs with it): the few-row range's plain (up) and
-  // split (down) products, and both products of the prefill range (hc_general.cu picks by range).
+  // split (down) products, the mid range's split product, and both products of the prefill range
+  // (hc_general.cu picks by range).
   // The plan rows are part of a plan's key: each range has its own pinned algorithm.
   static constexpr int64_t kPlanRows = 256;
   static constexpr int64_t kSplitPlanRows = 64;
+  static constexpr int64_t kMidPlanRows = 256;
   static constexpr int64_t kPrefillPlanRows = 1024;
   // Workspace every Run/RunSplit call gets (256-byte aligned); algorithms needing more are not taken.
   static constexpr size_t kWorkspaceBytes = 64 * 1024;
