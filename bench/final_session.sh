@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The closing device session on a GPU machine: build, every CUDA test, compute-sanitizer over the fast
-# path's and the general path's kernels, the decode benchmark (1-64 rows: fast, general, stock; bf16 and
-# fp16), its real-model variant (a MatMul between blocks) and the prefill benchmark (256-16384 rows: the op's own choice against stock; bf16, fp16, fp32).
+# The closing device session on a GPU machine, most needed first: build, every CUDA test, the decode
+# benchmark (1-64 rows: fast, general, stock; bf16 and fp16), the prefill benchmark (256-16384 rows: the
+# op's own choice against stock; bf16, fp16, fp32), compute-sanitizer over the fast path's and the
+# general path's kernels, and the decode benchmark's real-model variant (a MatMul between blocks).
 # Needs onnxruntime-gpu importable, compute-sanitizer on PATH for the sanitizer step, and ORT_INCLUDE_DIR.
 # Every step after the build gets at most what is left of BUDGET_S (default 540 s from the start), in the
 # order above, so the whole script ends in time even when a step hangs; a step cut short leaves its
@@ -28,32 +29,34 @@ stamp "tests: $(tail -1 "$out/tests.log")"
 grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
 
 # 2. the decode benchmark
-timeout "$(cap 90)" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2 4 8 16 32 64 --dtypes bf16 fp16 \
+timeout "$(cap 85)" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2 4 8 16 32 64 --dtypes bf16 fp16 \
   --variants fast general stock --reps 3 > "$out/decode.log" 2>&1
 stamp decode
 grep -E "^\| (bf16|fp16)" "$out/decode.log" | sort -u -t'|' -k2,2 -k3,3n
 
-# 2b. the real-model variant: an H x H MatMul between blocks (bf16), the fused op's cost over the MatMuls
-timeout "$(cap 60)" python3 bench/bench_decode.py --out "$out/sublayer" --sublayer --rows 1 4 16 --dtypes bf16 \
-  --variants fast stock --reps 3 > "$out/sublayer.log" 2>&1
-stamp sublayer
-grep -E "^\| bf16" "$out/sublayer.log" | sort -u -t'|' -k3,3n
+# 3. the prefill benchmark
+timeout "$(cap 140)" python3 bench/bench_decode.py --out "$out/prefill" --rows 256 1024 4096 16384 --dtypes bf16 fp16 fp32 \
+  --variants auto stock --reps 3 --rep-ms 100 > "$out/prefill.log" 2>&1
+stamp prefill
+grep -E "^\| (bf16|fp16|fp32)" "$out/prefill.log" | sort -u -t'|' -k2,2 -k3,3n
 
-# 3. compute-sanitizer (SANITIZE_FAST: fast-path tests; SANITIZE_GENERAL: general-path tests)
+# 4. compute-sanitizer (SANITIZE_FAST: fast-path tests; SANITIZE_GENERAL: general-path tests)
 fast_tests=${SANITIZE_FAST:-(small_shapes and 7) or (real_shape_matches_reference and prologue-3-bf16)}
-general_tests=${SANITIZE_GENERAL:-awkward}
+general_tests=${SANITIZE_GENERAL:-awkward and bf16 and (4-129-512 or 4-96-16)}  # every row range, both norm modes
 for tool in memcheck racecheck synccheck; do
   timeout "$(cap 35)" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_fast_path_cuda.py -k "$fast_tests" > "$out/sanitize_fast_$tool.log" 2>&1
   stamp "$tool fast path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_fast_$tool.log" | tail -1) $(tail -1 "$out/sanitize_fast_$tool.log")"
 done
-timeout "$(cap 30)" compute-sanitizer --tool memcheck --kernel-name kns=Hc --error-exitcode 9 \
-  python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py -k "$general_tests" > "$out/sanitize_general_memcheck.log" 2>&1
-stamp "memcheck general path: exit $? $(grep -hE "ERROR SUMMARY" "$out/sanitize_general_memcheck.log" | tail -1) $(tail -1 "$out/sanitize_general_memcheck.log")"
+for tool in memcheck racecheck synccheck; do
+  timeout "$(cap 35)" compute-sanitizer --tool "$tool" --kernel-name kns=Hc --error-exitcode 9 \
+    python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py -k "$general_tests" > "$out/sanitize_general_$tool.log" 2>&1
+  stamp "$tool general path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_general_$tool.log" | tail -1) $(tail -1 "$out/sanitize_general_$tool.log")"
+done
 
-# 4. the prefill benchmark
-timeout "$(cap 150)" python3 bench/bench_decode.py --out "$out/prefill" --rows 256 1024 4096 16384 --dtypes bf16 fp16 fp32 \
-  --variants auto stock --reps 3 --rep-ms 100 > "$out/prefill.log" 2>&1
-stamp prefill
-grep -E "^\| (bf16|fp16|fp32)" "$out/prefill.log" | sort -u -t'|' -k2,2 -k3,3n
+# 5. the real-model variant: an H x H MatMul between blocks (bf16), the fused op's cost over the MatMuls
+timeout "$(cap 50)" python3 bench/bench_decode.py --out "$out/sublayer" --sublayer --rows 1 4 16 --dtypes bf16 \
+  --variants fast stock --reps 3 > "$out/sublayer.log" 2>&1
+stamp sublayer
+grep -E "^\| bf16" "$out/sublayer.log" | sort -u -t'|' -k3,3n
 stamp done
