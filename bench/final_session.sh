@@ -48,8 +48,13 @@ for tool in memcheck racecheck synccheck; do
     python3 -m pytest -q -x -p no:cacheprovider tests/test_fast_path_cuda.py -k "$fast_tests" > "$out/sanitize_fast_$tool.log" 2>&1
   stamp "$tool fast path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_fast_$tool.log" | tail -1) $(tail -1 "$out/sanitize_fast_$tool.log")"
 done
+# racecheck without a kernel filter here: with one (even one no kernel matches) it fails on these tests
+# with "Internal Sanitizer Error: failed to handle a hardware exception" (H200, compute-sanitizer of CUDA 13),
+# unfiltered it runs and reports (cuBLASLt's kernels included)
 for tool in memcheck racecheck synccheck; do
-  timeout "$(cap 35)" compute-sanitizer --tool "$tool" --kernel-name kns=Hc --error-exitcode 9 \
+  filter=(--kernel-name kns=Hc)
+  [ "$tool" = racecheck ] && filter=()
+  timeout "$(cap 35)" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py -k "$general_tests" > "$out/sanitize_general_$tool.log" 2>&1
   stamp "$tool general path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_general_$tool.log" | tail -1) $(tail -1 "$out/sanitize_general_$tool.log")"
 done
