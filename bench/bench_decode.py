@@ -58,6 +58,9 @@ OURS = ("auto", "fast", "general")  # the first of these a row has is hcfuse's f
 # HCFUSE_FAST_HIDDEN_LOCAL_ROWS=HID and HCFUSE_FAST_CLUSTER=CL (how its work is split).
 TUNING_ENV = ("HCFUSE_FAST_SS_LOCAL_ROWS", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS", "HCFUSE_FAST_CLUSTER")
 SLOW_REPS = 3  # repetitions for chains whose replay takes longer than --slow-ms
+# ONNX Runtime 1.32's own fused op (its two-kernel CUDA design), bf16, H200: its published us per block by
+# rows, drawn next to the measured curves (not measured here: onnxruntime-gpu 1.32 is not published yet)
+PUBLISHED_BF16 = {1: 10.2, 2: 12.9, 4: 21.1, 8: 33.2, 16: 32.8}
 
 
 def chain_model(num_blocks: int, dtype, elem: int, weights: list[dict[str, np.ndarray]],
@@ -261,6 +264,9 @@ def plot(results: list[dict], path: Path) -> None:
         for key in variants:
             if not all(np.isnan(r[key]) for r in rs):
                 ax.plot(rows, [r[key] for r in rs], styles.get(key, ".-"), label=f"hcfuse {key}" if key != "stock" else key)
+        published = [(n, PUBLISHED_BF16[n]) for n in rows if dt == "bf16" and n in PUBLISHED_BF16]
+        if published:
+            ax.plot(*zip(*published), "D--", color="gray", label="ONNX Runtime 1.32 fused op (published)")
         ax.plot(rows, [r["floor"] for r in rs], "k--", label="memory floor (4.24 TB/s)")
         ax.plot(rows, [r["compute_floor"] for r in rs], "k:", label="compute floor")
         ax.set_xscale("log", base=2)
