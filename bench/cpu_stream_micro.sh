@@ -15,7 +15,7 @@ out=${1:?usage: cpu_stream_micro.sh OUT [B_SRC]}
 b_src=${2:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-flags=(-O3 -DNDEBUG -std=c++17 -ffp-contract=off)
+flags=(${EXTRA_FLAGS:-} -O3 -DNDEBUG -std=c++17 -ffp-contract=off)
 g++ "${flags[@]}" -I"$root/kernels/include" -I"$root/kernels/src" -c "$root/kernels/src/cpu/hc_lowrank_mix_cpu.cc" \
   -o "$tmp/a.o"
 objs=("$tmp/a.o")

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 // Per-instruction-set variants through `#pragma GCC target` (GCC; elsewhere only the plain one).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -42,6 +43,9 @@ struct GemmArgs {
   const T* next = nullptr;
   int64_t next_cols = 0;
   bool first_prefetched = false;
+  // K's rows of k in slices of slice_k (0: one slice), slice j summed on its own into out + j * slice_out.
+  int64_t slice_k = 0;
+  int64_t slice_out = 0;
 };
 
 // One instruction set's products and elementwise spans (hc_lowrank_mix_cpu_gemm.inc).
@@ -214,14 +218,36 @@ class Pass {
     hn_ = scratch;
     g_ = hn_ + rows * p.width();
     hidden_ = g_ + rows * p.width();
+    down_part_ = hidden_ + rows * p.R;
+    up_part_ = down_part_ + kHcCpuDownSlices * rows * p.R;
   }
 
   void Run(const HcTaskRunner& run) {
     const int64_t C = p_.C;
     run(CeilDiv(rows_, kNormRows) * C, [this, C](int64_t task) { Norm(task / C, task % C); });
-    const int64_t column_blocks = CeilDiv(p_.R, kColumnBlock) + CeilDiv(C, kColumnBlock);
-    run(column_blocks * tiles_, [this](int64_t task) { DownInject(task / tiles_, task % tiles_); });
-    run(CeilDiv(p_.H, feature_block_) * tiles_, [this](int64_t task) { UpMix(task / tiles_, task % tiles_); });
+    const int64_t inject_blocks = CeilDiv(C, kColumnBlock);
+    if constexpr (!kSplitK) {
+      const int64_t column_blocks = CeilDiv(p_.R, kColumnBlock) + inject_blocks;
+      run(column_blocks * tiles_, [this](int64_t task) { DownInject(task / tiles_, task % tiles_); });
+      run(CeilDiv(p_.H, feature_block_) * tiles_, [this](int64_t task) { UpMix(task / tiles_, task % tiles_); });
+      return;
+    }
+    // float32: each product's k in slices (tasks of kSlicesPerTask of them), added in order afterwards
+    const int64_t down_tasks = CeilDiv(down_.count, down_.per_task) * down_blocks_;
+    run((down_tasks + inject_blocks) * tiles_, [this, down_tasks](int64_t task) {
+      const int64_t block = task / tiles_, tile = task % tiles_;
+      if (block < down_tasks) {
+        DownSlices(block / down_blocks_, block % down_blocks_, tile);
+      } else {
+        DownInject(CeilDiv(p_.R, kColumnBlock) + block - down_tasks, tile);
+      }
+    });
+    run(tiles_, [this](int64_t tile) { DownEpilogue(tile); });
+    const int64_t up_blocks = whole_up_ ? 1 : CeilDiv(p_.H, feature_block_);
+    run(up_.count * up_blocks * tiles_, [this, up_blocks](int64_t task) {
+      UpSlice(task / (up_blocks * tiles_), task / tiles_ % up_blocks, task % tiles_);
+    });
+    run(CeilDiv(p_.H, feature_block_) * tiles_, [this](int64_t task) { Mix(task / tiles_, task % tiles_); });
   }
 
  private:
@@ -281,22 +307,27 @@ class Pass {
     ops_.gemm({hn_ + r0 * W, W, nr, down ? a_.down_weight : a_.inject_weight, N, W, n0, n1, acc, kColumnBlock});
     for (int64_t r = 0; r < nr; ++r) {
       float* v = acc + r * kColumnBlock;
-      ops_.round(v, n);  // rounding point: down / inject
       if (down) {
         float sg[kColumnBlock];
-        for (int64_t j = 0; j < n; ++j) v[j] = p_.silu_alpha * v[j];
-        ops_.round(v, n);  // rounding point: Z
-        std::memcpy(sg, v, n * sizeof(float));
-        ops_.sigmoid(sg, n);
-        ops_.round(sg, n);  // rounding point: SG
-        float* hidden = hidden_ + (r0 + r) * R + n0;
-        for (int64_t j = 0; j < n; ++j) hidden[j] = v[j] * sg[j];
-        ops_.round(hidden, n);  // rounding point: hidden
-      } else {
-        for (int64_t j = 0; j < n; ++j) v[j] = Sigmoid(v[j] / p_.gate_div) * p_.gate_mul;
-        ops_.narrow(v, n, a_.post_gate + (row0_ + r0 + r) * C + n0);  // rounding point: post_gate
+        DownToHidden(v, sg, n, hidden_ + (r0 + r) * R + n0);
+        continue;
       }
+      ops_.round(v, n);  // rounding point: inject
+      for (int64_t j = 0; j < n; ++j) v[j] = Sigmoid(v[j] / p_.gate_div) * p_.gate_mul;
+      ops_.narrow(v, n, a_.post_gate + (row0_ + r0 + r) * C + n0);  // rounding point: post_gate
     }
+  }
+
+  // down (n sums in v, overwritten) -> Z -> SG (in sg) -> hidden (n values).
+  void DownToHidden(float* v, float* sg, int64_t n, float* hidden) const {
+    ops_.round(v, n);  // rounding point: down
+    for (int64_t j = 0; j < n; ++j) v[j] = p_.silu_alpha * v[j];
+    ops_.round(v, n);  // rounding point: Z
+    std::memcpy(sg, v, n * sizeof(float));
+    ops_.sigmoid(sg, n);
+    ops_.round(sg, n);  // rounding point: SG
+    for (int64_t j = 0; j < n; ++j) hidden[j] = v[j] * sg[j];
+    ops_.round(hidden, n);  // rounding point: hidden
   }
 
   // up = hidden @ up_weight, g and pre_output for features [h0, h1) of every branch, row tile `tile`.
@@ -310,8 +341,14 @@ class Pass {
       ops_.gemm({hidden_ + r0 * R, R, nr, a_.up_weight, W, R, c * H + h0, c * H + h1, g + c * H + h0, W, next, n,
                  c > 0});
     }
+    MixRows(r0, nr, h0, n);
+  }
+
+  // g and pre_output for features [h0, h0 + n) of rows [r0, r0 + nr) of the pass, from up's sums in g_.
+  void MixRows(int64_t r0, int64_t nr, int64_t h0, int64_t n) {
+    const int64_t C = p_.C, H = p_.H, W = p_.width();
     for (int64_t r = 0; r < nr; ++r) {
-      float* gr = g + r * W + h0;
+      float* gr = g_ + (r0 + r) * W + h0;
       const float* hn = hn_ + (r0 + r) * W + h0;
       float mix[kFeatureBlockMax] = {};
       for (int64_t c = 0; c < C; ++c) {
@@ -327,14 +364,102 @@ class Pass {
     }
   }
 
+  // --- float32 (kSplitK): the down and up products in slices of k. ---
+
+  // A product's K in `count` slices of `len` rows of k (the last one shorter), `per_task` to a task.
+  struct Slices {
+    int64_t len, count, per_task;
+    Slices(int64_t K, int64_t max_count, int64_t per_task_)
+        : len(CeilDiv(K, max_count)), count(CeilDiv(K, len)), per_task(per_task_) {}
+  };
+
+  // Slices [group * per_task, ...) of hn @ down_weight, columns of block `block`, each into its
+  // down_part_ slot.
+  void DownSlices(int64_t group, int64_t block, int64_t tile) {
+    const int64_t R = p_.R, W = p_.width();
+    const int64_t r0 = tile * kHcCpuRowTile, nr = std::min(kHcCpuRowTile, rows_ - r0);
+    const int64_t s0 = group * down_.per_task, s1 = std::min(down_.count, s0 + down_.per_task);
+    const int64_t k0 = s0 * down_.len, k1 = std::min(W, s1 * down_.len);
+    const int64_t n0 = block * down_block_, n1 = std::min(R, n0 + down_block_);
+    GemmArgs<T> g{hn_ + r0 * W + k0, W, nr, a_.down_weight + k0 * R, R, k1 - k0, n0, n1,
+                  down_part_ + (s0 * rows_ + r0) * R + n0, R};
+    g.slice_k = down_.len;
+    g.slice_out = rows_ * R;
+    ops_.gemm(g);
+  }
+
+  // down = the slices' sums added in order, then Z, SG and hidden, for row tile `tile`.
+  void DownEpilogue(int64_t tile) {
+    const int64_t R = p_.R;
+    const int64_t r0 = tile * kHcCpuRowTile, nr = std::min(kHcCpuRowTile, rows_ - r0);
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+      float* hidden = hidden_ + r * R;
+      for (int64_t n0 = 0; n0 < R; n0 += kSpan) {
+        const int64_t n = std::min(kSpan, R - n0);
+        float z[kSpan], sg[kSpan];
+        for (int64_t j = 0; j < n; ++j) z[j] = down_part_[r * R + n0 + j];
+        for (int64_t s = 1; s < down_.count; ++s)
+          for (int64_t j = 0; j < n; ++j) z[j] += down_part_[(s * rows_ + r) * R + n0 + j];
+        DownToHidden(z, sg, n, hidden + n0);
+      }
+    }
+  }
+
+  // Slice `slice` of hidden @ up_weight for features [h0, h1) of every branch (block `block`; all of
+  // them when whole_up_), into g_ (slice 0) or up_part_ (slice s > 0, at (s - 1) * rows * W).
+  void UpSlice(int64_t slice, int64_t block, int64_t tile) {
+    const int64_t R = p_.R, C = p_.C, H = p_.H, W = p_.width();
+    const int64_t r0 = tile * kHcCpuRowTile, nr = std::min(kHcCpuRowTile, rows_ - r0);
+    const int64_t k0 = slice * up_.len, k1 = std::min(R, k0 + up_.len);
+    float* out = (slice == 0 ? g_ : up_part_ + (slice - 1) * rows_ * W) + r0 * W;
+    const float* x = hidden_ + r0 * R + k0;
+    const T* w = a_.up_weight + k0 * W;
+    if (whole_up_) {
+      ops_.gemm({x, R, nr, w, W, k1 - k0, 0, W, out, W});
+      return;
+    }
+    const int64_t h0 = block * feature_block_, h1 = std::min(H, h0 + feature_block_), n = h1 - h0;
+    for (int64_t c = 0; c < C; ++c) {
+      const T* next = c + 1 < C ? w + (c + 1) * H + h0 : nullptr;
+      ops_.gemm({x, R, nr, w, W, k1 - k0, c * H + h0, c * H + h1, out + c * H + h0, W, next, n, c > 0});
+    }
+  }
+
+  // up = the slices' sums added in order, then g and pre_output, for features of block `block`.
+  void Mix(int64_t block, int64_t tile) {
+    const int64_t C = p_.C, H = p_.H, W = p_.width();
+    const int64_t r0 = tile * kHcCpuRowTile, nr = std::min(kHcCpuRowTile, rows_ - r0);
+    const int64_t h0 = block * feature_block_, h1 = std::min(H, h0 + feature_block_), n = h1 - h0;
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+      for (int64_t s = 1; s < up_.count; ++s) {
+        const float* part = up_part_ + ((s - 1) * rows_ + r) * W;
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t h = h0; h < h1; ++h) g_[r * W + c * H + h] += part[c * H + h];
+      }
+    }
+    MixRows(r0, nr, h0, n);
+  }
+
+  static constexpr bool kSplitK = std::is_same_v<T, float>;
+
   const HcLowRankMixParams& p_;
   const HcLowRankMixCpuArgs<T>& a_;
   const CpuOps<T> ops_;
   const int64_t row0_, rows_, tiles_;
   const int64_t feature_block_ = sizeof(T) == 2 && rows_ <= 4 ? kFeatureBlockMax : kFeatureBlock;
-  float* hn_;      // rows x W: S, then hn
-  float* g_;       // rows x W: up accumulators, then g
-  float* hidden_;  // rows x R
+  // float32: 1-4 rows take each slice of down and up over whole weight rows (one contiguous run)
+  const bool whole_up_ = kSplitK && rows_ <= 4;
+  const int64_t down_block_ = kSplitK && rows_ <= 4 ? p_.R : kColumnBlock;
+  const int64_t down_blocks_ = CeilDiv(p_.R, down_block_);
+  // down: up to 8 slices of W (1280 rows each at the Qwen shape), 4 to a task, read as 16 streams;
+  // up: 2 slices of R, one to a task (4 streams 40 KB apart already)
+  const Slices down_{p_.width(), kHcCpuDownSlices, 4};
+  const Slices up_{p_.R, kHcCpuUpSlices, 1};
+  float* hn_;         // rows x W: S, then hn
+  float* g_;          // rows x W: up accumulators (float32: slice 0's), then g
+  float* hidden_;     // rows x R
+  float* down_part_;  // float32: kHcCpuDownSlices x rows x R, the down product's slices
+  float* up_part_;    // float32: (kHcCpuUpSlices - 1) x rows x W, the up product's slices after the first
 };
 
 }  // namespace
