@@ -219,35 +219,37 @@ class Pass {
     g_ = hn_ + rows * p.width();
     hidden_ = g_ + rows * p.width();
     down_part_ = hidden_ + rows * p.R;
-    up_part_ = down_part_ + kHcCpuDownSlices * rows * p.R;
   }
 
   void Run(const HcTaskRunner& run) {
     const int64_t C = p_.C;
     run(CeilDiv(rows_, kNormRows) * C, [this, C](int64_t task) { Norm(task / C, task % C); });
     const int64_t inject_blocks = CeilDiv(C, kColumnBlock);
-    if constexpr (!kSplitK) {
+    if constexpr (kSplitK) {  // float32: down's k in slices, 4 to a task, added in order afterwards
+      const int64_t down_tasks = CeilDiv(down_.count, down_.per_task) * down_blocks_;
+      run((down_tasks + inject_blocks) * tiles_, [this, down_tasks](int64_t task) {
+        const int64_t block = task / tiles_, tile = task % tiles_;
+        if (block < down_tasks) {
+          DownSlices(block / down_blocks_, block % down_blocks_, tile);
+        } else {
+          DownInject(CeilDiv(p_.R, kColumnBlock) + block - down_tasks, tile);
+        }
+      });
+      run(tiles_, [this](int64_t tile) { DownEpilogue(tile); });
+    } else {
       const int64_t column_blocks = CeilDiv(p_.R, kColumnBlock) + inject_blocks;
       run(column_blocks * tiles_, [this](int64_t task) { DownInject(task / tiles_, task % tiles_); });
-      run(CeilDiv(p_.H, feature_block_) * tiles_, [this](int64_t task) { UpMix(task / tiles_, task % tiles_); });
-      return;
     }
-    // float32: each product's k in slices (tasks of kSlicesPerTask of them), added in order afterwards
-    const int64_t down_tasks = CeilDiv(down_.count, down_.per_task) * down_blocks_;
-    run((down_tasks + inject_blocks) * tiles_, [this, down_tasks](int64_t task) {
-      const int64_t block = task / tiles_, tile = task % tiles_;
-      if (block < down_tasks) {
-        DownSlices(block / down_blocks_, block % down_blocks_, tile);
-      } else {
-        DownInject(CeilDiv(p_.R, kColumnBlock) + block - down_tasks, tile);
-      }
-    });
-    run(tiles_, [this](int64_t tile) { DownEpilogue(tile); });
-    const int64_t up_blocks = whole_up_ ? 1 : CeilDiv(p_.H, feature_block_);
-    run(up_.count * up_blocks * tiles_, [this, up_blocks](int64_t task) {
-      UpSlice(task / (up_blocks * tiles_), task / tiles_ % up_blocks, task % tiles_);
-    });
-    run(CeilDiv(p_.H, feature_block_) * tiles_, [this](int64_t task) { Mix(task / tiles_, task % tiles_); });
+    const int64_t feature_blocks = CeilDiv(p_.H, feature_block_);
+    if (stream_up_) {  // float32, 1-4 rows: up in two halves of its rows, then g and pre_output
+      run(2, [this](int64_t half) { UpHalf(half); });
+      run(feature_blocks, [this](int64_t block) {
+        const int64_t h0 = block * feature_block_;
+        MixRows(0, rows_, h0, std::min(feature_block_, p_.H - h0));
+      });
+    } else {
+      run(feature_blocks * tiles_, [this](int64_t task) { UpMix(task / tiles_, task % tiles_); });
+    }
   }
 
  private:
@@ -405,39 +407,14 @@ class Pass {
     }
   }
 
-  // Slice `slice` of hidden @ up_weight for features [h0, h1) of every branch (block `block`; all of
-  // them when whole_up_), into g_ (slice 0) or up_part_ (slice s > 0, at (s - 1) * rows * W).
-  void UpSlice(int64_t slice, int64_t block, int64_t tile) {
-    const int64_t R = p_.R, C = p_.C, H = p_.H, W = p_.width();
-    const int64_t r0 = tile * kHcCpuRowTile, nr = std::min(kHcCpuRowTile, rows_ - r0);
-    const int64_t k0 = slice * up_.len, k1 = std::min(R, k0 + up_.len);
-    float* out = (slice == 0 ? g_ : up_part_ + (slice - 1) * rows_ * W) + r0 * W;
-    const float* x = hidden_ + r0 * R + k0;
-    const T* w = a_.up_weight + k0 * W;
-    if (whole_up_) {
-      ops_.gemm({x, R, nr, w, W, k1 - k0, 0, W, out, W});
-      return;
-    }
-    const int64_t h0 = block * feature_block_, h1 = std::min(H, h0 + feature_block_), n = h1 - h0;
-    for (int64_t c = 0; c < C; ++c) {
-      const T* next = c + 1 < C ? w + (c + 1) * H + h0 : nullptr;
-      ops_.gemm({x, R, nr, w, W, k1 - k0, c * H + h0, c * H + h1, out + c * H + h0, W, next, n, c > 0});
-    }
-  }
-
-  // up = the slices' sums added in order, then g and pre_output, for features of block `block`.
-  void Mix(int64_t block, int64_t tile) {
-    const int64_t C = p_.C, H = p_.H, W = p_.width();
-    const int64_t r0 = tile * kHcCpuRowTile, nr = std::min(kHcCpuRowTile, rows_ - r0);
-    const int64_t h0 = block * feature_block_, h1 = std::min(H, h0 + feature_block_), n = h1 - h0;
-    for (int64_t r = r0; r < r0 + nr; ++r) {
-      for (int64_t s = 1; s < up_.count; ++s) {
-        const float* part = up_part_ + ((s - 1) * rows_ + r) * W;
-        for (int64_t c = 0; c < C; ++c)
-          for (int64_t h = h0; h < h1; ++h) g_[r * W + c * H + h] += part[c * H + h];
-      }
-    }
-    MixRows(r0, nr, h0, n);
+  // Half `half` of up = hidden @ up_weight's columns (1-4 rows, one tile) into g_: a run of 20 KB of
+  // each weight row at the Qwen shape, streamed four rows of k at a time (GemmBlock); each column's
+  // sum still sequential over k, as everywhere.
+  void UpHalf(int64_t half) {
+    const int64_t W = p_.width();
+    const int64_t mid = std::min(W, CeilDiv(CeilDiv(W, 2), 16) * 16);  // whole vectors of any width
+    const int64_t n0 = half == 0 ? 0 : mid, n1 = half == 0 ? mid : W;
+    if (n0 < n1) ops_.gemm({hidden_, p_.R, rows_, a_.up_weight, W, p_.R, n0, n1, g_ + n0, W});
   }
 
   static constexpr bool kSplitK = std::is_same_v<T, float>;
@@ -447,19 +424,16 @@ class Pass {
   const CpuOps<T> ops_;
   const int64_t row0_, rows_, tiles_;
   const int64_t feature_block_ = sizeof(T) == 2 && rows_ <= 4 ? kFeatureBlockMax : kFeatureBlock;
-  // float32: 1-4 rows take each slice of down and up over whole weight rows (one contiguous run)
-  const bool whole_up_ = kSplitK && rows_ <= 4;
+  // float32: 1-4 rows take down's slices over whole weight rows and up in two halves of its rows
+  const bool stream_up_ = kSplitK && rows_ <= 4;
   const int64_t down_block_ = kSplitK && rows_ <= 4 ? p_.R : kColumnBlock;
   const int64_t down_blocks_ = CeilDiv(p_.R, down_block_);
-  // down: up to 8 slices of W (1280 rows each at the Qwen shape), 4 to a task, read as 16 streams;
-  // up: 2 slices of R, one to a task (4 streams 40 KB apart already)
+  // down: up to 8 slices of W (1280 rows each at the Qwen shape), 4 to a task, read as 4 streams
   const Slices down_{p_.width(), kHcCpuDownSlices, 4};
-  const Slices up_{p_.R, kHcCpuUpSlices, 1};
   float* hn_;         // rows x W: S, then hn
-  float* g_;          // rows x W: up accumulators (float32: slice 0's), then g
+  float* g_;          // rows x W: up accumulators, then g
   float* hidden_;     // rows x R
   float* down_part_;  // float32: kHcCpuDownSlices x rows x R, the down product's slices
-  float* up_part_;    // float32: (kHcCpuUpSlices - 1) x rows x W, the up product's slices after the first
 };
 
 }  // namespace

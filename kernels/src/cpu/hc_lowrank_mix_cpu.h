@@ -127,16 +127,14 @@ inline constexpr int64_t kHcCpuRowTile = 64;
 // Rows per pass of the three phases: bounds the scratch (about 5 MB at the Qwen shape).
 inline constexpr int64_t kHcCpuRowsPerPass = 64;
 
-// Slices of k the float32 products are summed in (each sequentially over its k, then added in order):
-// down over W = C*H in up to 8, up over R in up to 2.
+// Slices of k the float32 down product is summed in (each sequentially over its k, then added in order).
 inline constexpr int64_t kHcCpuDownSlices = 8;
-inline constexpr int64_t kHcCpuUpSlices = 2;
 
 // fp32 scratch HcLowRankMixCpu needs for one pass: hn and g (rows x C*H), hidden (rows x R), and for
-// float32 the down product's slices (rows x R each) and the up product's after the first (rows x C*H).
+// float32 the down product's slices (kHcCpuDownSlices x rows x R).
 inline int64_t HcLowRankMixCpuScratchFloats(const HcLowRankMixParams& p) {
   const int64_t rows = p.rows < kHcCpuRowsPerPass ? p.rows : kHcCpuRowsPerPass;
-  return rows * ((1 + kHcCpuUpSlices) * p.width() + (1 + kHcCpuDownSlices) * p.R);
+  return rows * (2 * p.width() + (1 + kHcCpuDownSlices) * p.R);
 }
 
 // Computes the op for all params.rows rows. params comes from ResolveHcLowRankMixParams; scratch
