@@ -1,13 +1,17 @@
 // CPU kernel of HyperConnectionLowRankMix; the order of operations is hcfuse/reference.py's (see the
-// header). Three phases per pass of up to kHcCpuRowsPerPass rows, each a set of independent tasks
-// over output elements handed to the task runner (ORT's thread pool):
+// header; float32 sums down in fixed slices of k). Phases per pass of up to kHcCpuRowsPerPass rows,
+// each a set of independent tasks over output elements handed to the task runner (ORT's thread pool):
 //   1. S, streams_out and hn per (row, branch);
 //   2. down -> Z -> SG -> hidden and inject -> post_gate per (row tile, block of output columns);
-//   3. up -> g and pre_output per (row tile, block of features h, all C branches).
+//      float32: the down slices per (row tile, group of 4 slices), then one phase adding them in
+//      order and computing Z, SG and hidden;
+//   3. up -> g and pre_output per (row tile, block of features h, all C branches); float32 at 1-4
+//      rows: up in two halves of its rows, then g and pre_output per block of features.
 // The products run in hc_lowrank_mix_cpu_gemm.inc, compiled for AVX-512, AVX2 and plain x86-64 (or
 // the target's default) and picked at run time; the variants differ only in FMA (see the header).
-// At 1-4 rows they are bound by reading the weights from memory: tiles prefetch the next tile as
-// they consume this one, and up_weight (rows a page or more apart) is swept row by row instead.
+// At 1-4 rows they are bound by reading the weights from memory: float32 reads them as long
+// sequential runs (down's slices, four at once; up's half rows), 16-bit weights go through tiles
+// that prefetch the next tile as they consume this one, and up_weight is swept row by row.
 #include "cpu/hc_lowrank_mix_cpu.h"
 
 #include <algorithm>
