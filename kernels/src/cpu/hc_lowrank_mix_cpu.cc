@@ -10,7 +10,7 @@
 // The products run in hc_lowrank_mix_cpu_gemm.inc, compiled for AVX-512, AVX2 and plain x86-64 (or
 // the target's default) and picked at run time; the variants differ only in FMA (see the header).
 // At 1-4 rows they are bound by reading the weights from memory: float32 reads them as long
-// sequential runs (down's slices, four at once; up's half rows), 16-bit weights go through tiles
+// sequential runs (down's slices, two or four at once; up's half rows), 16-bit weights go through tiles
 // that prefetch the next tile as they consume this one, and up_weight is swept row by row.
 #include "cpu/hc_lowrank_mix_cpu.h"
 
@@ -208,6 +208,9 @@ constexpr int64_t kColumnBlock = 160;   // down / inject output columns per task
 constexpr int64_t kFeatureBlock = 128;
 constexpr int64_t kFeatureBlockMax = 256;
 constexpr int64_t kSpan = 256;          // elementwise work in stack spans of this many floats
+// float32, 1-4 rows: up in this many parts of its rows, a task each (runs of 20 KB at the Qwen shape;
+// 4 parts measured 2-8% slower on 2 threads, bench/cpu_stream_micro.cc)
+constexpr int64_t kUpParts = 2;
 constexpr int64_t kNormRows = 4;        // rows per norm task (their sums of squares interleaved)
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -245,8 +248,8 @@ class Pass {
       run(column_blocks * tiles_, [this](int64_t task) { DownInject(task / tiles_, task % tiles_); });
     }
     const int64_t feature_blocks = CeilDiv(p_.H, feature_block_);
-    if (stream_up_) {  // float32, 1-4 rows: up in two halves of its rows, then g and pre_output
-      run(2, [this](int64_t half) { UpHalf(half); });
+    if (stream_up_) {  // float32, 1-4 rows: up in kUpParts parts of its rows, then g and pre_output
+      run(kUpParts, [this](int64_t part) { UpPart(part); });
       run(feature_blocks, [this](int64_t block) {
         const int64_t h0 = block * feature_block_;
         MixRows(0, rows_, h0, std::min(feature_block_, p_.H - h0));
@@ -411,13 +414,13 @@ class Pass {
     }
   }
 
-  // Half `half` of up = hidden @ up_weight's columns (1-4 rows, one tile) into g_: a run of 20 KB of
-  // each weight row at the Qwen shape, streamed four rows of k at a time (GemmBlock); each column's
-  // sum still sequential over k, as everywhere.
-  void UpHalf(int64_t half) {
+  // Part `part` of kUpParts of up = hidden @ up_weight's columns (1-4 rows, one tile) into g_: a run of
+  // 20 KB of each weight row at the Qwen shape, streamed four rows of k at a time (GemmBlock); each
+  // column's sum still sequential over k, as everywhere.
+  void UpPart(int64_t part) {
     const int64_t W = p_.width();
-    const int64_t mid = std::min(W, CeilDiv(CeilDiv(W, 2), 16) * 16);  // whole vectors of any width
-    const int64_t n0 = half == 0 ? 0 : mid, n1 = half == 0 ? mid : W;
+    const int64_t len = CeilDiv(CeilDiv(W, kUpParts), 16) * 16;  // whole vectors of any width
+    const int64_t n0 = std::min(W, part * len), n1 = std::min(W, n0 + len);
     if (n0 < n1) ops_.gemm({hidden_, p_.R, rows_, a_.up_weight, W, p_.R, n0, n1, g_ + n0, W});
   }
 
@@ -432,8 +435,10 @@ class Pass {
   const bool stream_up_ = kSplitK && rows_ <= 4;
   const int64_t down_block_ = kSplitK && rows_ <= 4 ? p_.R : kColumnBlock;
   const int64_t down_blocks_ = CeilDiv(p_.R, down_block_);
-  // down: up to 8 slices of W (1280 rows each at the Qwen shape), 4 to a task, read as 4 streams
-  const Slices down_{p_.width(), kHcCpuDownSlices, 4};
+  // down: up to 8 slices of W (1280 rows each at the Qwen shape), read 4 slices to a task (4 streams)
+  // at 1-2 rows, 2 at 3-4 rows, whose accumulators then stay in L1 with the weights' lines (down/inject
+  // at 4 rows 1.8 ms against 2.3 with 4 slices, at 1 row 1.1 against 0.96; bench/cpu_stream_micro.cc)
+  const Slices down_{p_.width(), kHcCpuDownSlices, rows_ <= 2 ? 4 : 2};
   float* hn_;         // rows x W: S, then hn
   float* g_;          // rows x W: up accumulators, then g
   float* hidden_;     // rows x R
