@@ -1,11 +1,13 @@
 // Micro-benchmark of the CPU kernel's weight streaming, outside ONNX Runtime.
 //
-// Times, per phase (norm, down/inject, up/mix), HcLowRankMixCpu at the Qwen shape with weights read
-// cold (distinct weight sets cycling over more bytes than the L3, 64-byte aligned as ORT's allocator
-// gives them), on 1 thread and on 2 (a spinning worker plus the caller claiming tasks from an atomic
-// counter, as ORT's pool does), next to a plain sequential read (a vector sum) of the same weight
-// bytes; with a second build of the kernel linked in (B), A, the read and B take turns call by call.
-// Medians per phase (a shared machine's preemptions land in a few calls, and in whole-call totals).
+// Times, per phase (each call of the task runner: norm, down/inject, up/mix for 16-bit T; norm, down
+// slices and inject, down epilogue, up, g/pre_output for float32 at 1-4 rows), HcLowRankMixCpu at the
+// Qwen shape with weights read cold (distinct weight sets cycling over more bytes than the L3, 64-byte
+// aligned as ORT's allocator gives them), on 1 thread and on 2 (a spinning worker plus the caller
+// claiming tasks from an atomic counter, as ORT's pool does), next to a plain sequential read (a
+// vector sum) of the same weight bytes (its phases: down, up); with a second build of the kernel
+// linked in (B), A, the read and B take turns call by call. Medians per phase (a shared machine's
+// preemptions land in a few calls, and in whole-call totals), and their sum.
 //
 //   bench/cpu_stream_micro.sh /tmp/micro [B_SRC]      builds it (B_SRC: another copy of kernels/src/cpu)
 //   /tmp/micro [rows...]                               default rows 1 4; rows 0: the access patterns alone

@@ -177,18 +177,18 @@ def check_rows_alone_among_4_and_6(make_session, rng, *, C, H, R, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_row_independence_across_feature_blocks(make_session, rng, dtype):
-    """1-4 rows of 16-bit weights read up_weight in place in blocks of 256 features per branch, more rows
-    in blocks of 128 (float32: 128 always); H = 300 leaves 256 + 44 against 2 x 128 + 44, and C = 3
-    chains each branch's block to the next one's prefetch."""
+    """1-4 rows stream up_weight in two parts of its rows and compute g and pre_output in blocks of 256
+    features, more rows take up and the mix in blocks of 128 features per branch; H = 300 leaves 256 + 44
+    against 2 x 128 + 44, and C = 3 chains each branch's block to the next one's prefetch."""
     check_rows_alone_among_4_and_6(make_session, rng, C=3, H=300, R=40, dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("R", [7, 37])
 def test_streamed_up_product(make_session, rng, dtype, R):
-    """up_weight rows of C * H = 4400 columns lie 8.8-17.6 KB apart (>= 4 KB): 1-4 rows sweep them row
-    by row, four rows of k at a time (R = 7 and 37 leave tails of 3 and 1, and 37 reaches the
-    prefetch's row distance of 32), more rows go through the tiles."""
+    """up_weight rows of C * H = 4400 columns lie 8.8-17.6 KB apart (>= 4 KB): 1-4 rows sweep them in
+    two parts of 2208 and 2192 columns (runs of 4.4-8.8 KB), four rows of k at a time (R = 7 and 37
+    leave tails of 3 and 1), more rows go through the tiles."""
     check_rows_alone_among_4_and_6(make_session, rng, C=4, H=1100, R=R, dtype=dtype)
 
 

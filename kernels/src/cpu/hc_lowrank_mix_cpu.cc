@@ -5,13 +5,13 @@
 //   2. down -> Z -> SG -> hidden and inject -> post_gate per (row tile, block of output columns);
 //      float32: the down slices per (row tile, group of 4 slices), then one phase adding them in
 //      order and computing Z, SG and hidden;
-//   3. up -> g and pre_output per (row tile, block of features h, all C branches); float32 at 1-4
-//      rows: up in two halves of its rows, then g and pre_output per block of features.
+//   3. up -> g and pre_output per (row tile, block of features h, all C branches); at 1-4 rows up in
+//      two parts of its rows (runs of 10-20 KB), then g and pre_output per block of features.
 // The products run in hc_lowrank_mix_cpu_gemm.inc, compiled for AVX-512, AVX2 and plain x86-64 (or
 // the target's default) and picked at run time; the variants differ only in FMA (see the header).
-// At 1-4 rows they are bound by reading the weights from memory: float32 reads them as long
-// sequential runs (down's slices, two or four at once; up's half rows), 16-bit weights go through tiles
-// that prefetch the next tile as they consume this one, and up_weight is swept row by row.
+// At 1-4 rows they are bound by reading the weights from memory, which goes fastest as several long
+// sequential streams: up in halves of its rows (any T), float32's down slices two or four at once;
+// 16-bit down goes through tiles that prefetch the next tile as they consume this one.
 #include "cpu/hc_lowrank_mix_cpu.h"
 
 #include <algorithm>
@@ -201,15 +201,13 @@ CpuOps<T> PickOps() {
 }
 
 constexpr int64_t kColumnBlock = 160;   // down / inject output columns per task: R = 320 in two halves
-// Features h per up/mix task (C * that many output columns): 128, or 256 where 16-bit weights are read
-// in place (1-4 rows), so that a task reads 512 bytes of each up_weight row per branch either way
-// (a 256-byte run per 20 KB row streamed at about 8 GB/s against 12 for 512 bytes and more,
-// bench/cpu_stream_micro.cc).
+// Features h per up/mix task (C * that many output columns) from 5 rows: 128; 1-4 rows stream up in
+// kUpParts parts and compute g and pre_output in tasks of 256 features.
 constexpr int64_t kFeatureBlock = 128;
 constexpr int64_t kFeatureBlockMax = 256;
 constexpr int64_t kSpan = 256;          // elementwise work in stack spans of this many floats
-// float32, 1-4 rows: up in this many parts of its rows, a task each (runs of 20 KB at the Qwen shape;
-// 4 parts measured 2-8% slower on 2 threads, bench/cpu_stream_micro.cc)
+// 1-4 rows: up in this many parts of its rows, a task each (runs of 20 KB at the Qwen shape, 10 KB
+// for 16-bit; float32: 4 parts measured 2-8% slower on 2 threads, bench/cpu_stream_micro.cc)
 constexpr int64_t kUpParts = 2;
 constexpr int64_t kNormRows = 4;        // rows per norm task (their sums of squares interleaved)
 
@@ -248,7 +246,7 @@ class Pass {
       run(column_blocks * tiles_, [this](int64_t task) { DownInject(task / tiles_, task % tiles_); });
     }
     const int64_t feature_blocks = CeilDiv(p_.H, feature_block_);
-    if (stream_up_) {  // float32, 1-4 rows: up in kUpParts parts of its rows, then g and pre_output
+    if (stream_up_) {  // 1-4 rows: up in kUpParts parts of its rows, then g and pre_output
       run(kUpParts, [this](int64_t part) { UpPart(part); });
       run(feature_blocks, [this](int64_t block) {
         const int64_t h0 = block * feature_block_;
@@ -415,8 +413,8 @@ class Pass {
   }
 
   // Part `part` of kUpParts of up = hidden @ up_weight's columns (1-4 rows, one tile) into g_: a run of
-  // 20 KB of each weight row at the Qwen shape, streamed four rows of k at a time (GemmBlock); each
-  // column's sum still sequential over k, as everywhere.
+  // 20 KB (16-bit: 10 KB) of each weight row at the Qwen shape, streamed four rows of k at a time
+  // (GemmBlock); each column's sum still sequential over k, as everywhere.
   void UpPart(int64_t part) {
     const int64_t W = p_.width();
     const int64_t len = CeilDiv(CeilDiv(W, kUpParts), 16) * 16;  // whole vectors of any width
@@ -430,9 +428,9 @@ class Pass {
   const HcLowRankMixCpuArgs<T>& a_;
   const CpuOps<T> ops_;
   const int64_t row0_, rows_, tiles_;
-  const int64_t feature_block_ = sizeof(T) == 2 && rows_ <= 4 ? kFeatureBlockMax : kFeatureBlock;
-  // float32: 1-4 rows take down's slices over whole weight rows and up in two halves of its rows
-  const bool stream_up_ = kSplitK && rows_ <= 4;
+  const int64_t feature_block_ = rows_ <= 4 ? kFeatureBlockMax : kFeatureBlock;
+  // 1-4 rows: up in kUpParts parts of its rows (any T: each column's sum stays sequential over k)
+  const bool stream_up_ = rows_ <= 4;
   const int64_t down_block_ = kSplitK && rows_ <= 4 ? p_.R : kColumnBlock;
   const int64_t down_blocks_ = CeilDiv(p_.R, down_block_);
   // down: up to 8 slices of W (1280 rows each at the Qwen shape), read 4 slices to a task (4 streams)
