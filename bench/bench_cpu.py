@@ -24,6 +24,7 @@ a large numpy array (512 MiB, bytes copied per second; one numpy copy per thread
     python3 bench/bench_cpu.py                  # writes bench/out/cpu.md
     python3 bench/bench_cpu.py --rows 1 4 --threads 1 --dtypes bfloat16 --out /tmp/cpu.md
     python3 bench/bench_cpu.py --library /tmp/old/libhcfuse_ops.so --out /tmp/old.md   # another build
+    python3 bench/bench_cpu.py --threads 2 --no-spinning     # pool threads sleep between runs
 """
 
 from __future__ import annotations
@@ -84,10 +85,15 @@ def copy_bandwidth(threads: int, reps: int = 5) -> float:
 
 
 LIBRARY = None  # --library: another build of the custom-op library (default: hcfuse's own)
+NO_SPINNING = False  # --no-spinning: the sessions' pool threads sleep between parallel sections
 
 
 def session(model_bytes: bytes, threads: int):
-    return inference_session(model_bytes, library=LIBRARY or True, optimize=True, intra_op_threads=threads)
+    # ORT's pool threads spin for a while after each parallel section; the fused and stock sessions
+    # take turns, so on a 2-core machine one session's spinning worker competes with the other's run
+    config = {"session.intra_op.allow_spinning": "0"} if NO_SPINNING else None
+    return inference_session(model_bytes, library=LIBRARY or True, optimize=True, intra_op_threads=threads,
+                             config=config)
 
 
 def bind(sess, feeds: dict):
@@ -171,9 +177,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-reps", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "cpu.md")
     ap.add_argument("--library", help="custom-op library to register instead of hcfuse's (to compare builds)")
+    ap.add_argument("--no-spinning", action="store_true",
+                    help="session.intra_op.allow_spinning=0 for both sessions (their pools sleep between runs)")
     args = ap.parse_args(argv)
-    global LIBRARY
+    global LIBRARY, NO_SPINNING
     LIBRARY = args.library
+    NO_SPINNING = args.no_spinning
 
     import onnxruntime as ort
 
@@ -218,7 +227,8 @@ def main(argv=None) -> int:
         del models
 
     lib = f"library {args.library}" if args.library else f"hcfuse {git_label()}"
-    meta = (f"onnxruntime {ort.__version__}, {cores} cores, {lib}; copy bandwidth " +
+    meta = (f"onnxruntime {ort.__version__}, {cores} cores, {lib}{', pool spinning off' if NO_SPINNING else ''}; "
+            "copy bandwidth " +
             ", ".join(f"{b / 1e9:.1f} GB/s ({t} thread{'s' if t > 1 else ''})" for t, b in bandwidth.items()))
     write_table(results, args.out, meta, args)
     print(f"bench_cpu: {time.perf_counter() - t_start:.0f} s")

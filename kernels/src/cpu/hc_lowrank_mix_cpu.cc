@@ -207,7 +207,7 @@ constexpr int64_t kFeatureBlock = 128;
 constexpr int64_t kFeatureBlockMax = 256;
 constexpr int64_t kSpan = 256;          // elementwise work in stack spans of this many floats
 // 1-4 rows: up in this many parts of its rows, a task each (runs of 20 KB at the Qwen shape, 10 KB
-// for 16-bit; float32: 4 parts measured 2-8% slower on 2 threads, bench/cpu_stream_micro.cc)
+// for 16-bit; float32: up in 4 parts measured 9-13% slower on 2 threads, bench/cpu_stream_micro.cc)
 constexpr int64_t kUpParts = 2;
 constexpr int64_t kNormRows = 4;        // rows per norm task (their sums of squares interleaved)
 
@@ -434,8 +434,8 @@ class Pass {
   const int64_t down_block_ = kSplitK && rows_ <= 4 ? p_.R : kColumnBlock;
   const int64_t down_blocks_ = CeilDiv(p_.R, down_block_);
   // down: up to 8 slices of W (1280 rows each at the Qwen shape), read 4 slices to a task (4 streams)
-  // at 1-2 rows, 2 at 3-4 rows, whose accumulators then stay in L1 with the weights' lines (down/inject
-  // at 4 rows 1.8 ms against 2.3 with 4 slices, at 1 row 1.1 against 0.96; bench/cpu_stream_micro.cc)
+  // at 1-2 rows, 2 at 3-4 rows (down/inject at 4 rows 1.8 ms against 2.3 with 4 slices; at 1 row 1.1
+  // against 0.96, at 2 rows 1.34 against 1.19; bench/cpu_stream_micro.cc)
   const Slices down_{p_.width(), kHcCpuDownSlices, rows_ <= 2 ? 4 : 2};
   float* hn_;         // rows x W: S, then hn
   float* g_;          // rows x W: up accumulators, then g
