@@ -196,8 +196,9 @@ def test_streamed_up_product(make_session, rng, dtype, R):
 @pytest.mark.parametrize("C, H, R", [(2, 3, 16), (3, 5, 8), (4, 75, 24)], ids=["6-slices", "8-slices-short-last",
                                                                              "8-slices"])
 def test_sliced_products(make_session, rng, dtype, C, H, R):
-    """float32 sums down over C*H in up to 8 slices of k (C*H = 6: 6 slices of 1, two tasks of 4 and 2;
-    15: 7 slices of 2 and one of 1; 300: 8 slices of 38 with a last of 34); 1-4 rows stream the
+    """float32 sums down over C*H in up to 8 slices of k (C*H = 6: 6 slices of 1, at 1-2 rows in two tasks
+    of 4 and 2, at 3-4 rows in three of 2; 15: 7 slices of 2 and one of 1; 300: 8 slices of 38 with a
+    last of 34); 1-4 rows stream the
     slices together (R a multiple of the vector width) and up in two halves of its rows, more rows
     take the slices one by one through the tiles: the same bits either way, within the bound of the
     reference (16-bit types: unsliced, bitwise)."""

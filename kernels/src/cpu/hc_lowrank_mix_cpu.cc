@@ -230,7 +230,7 @@ class Pass {
     const int64_t C = p_.C;
     run(CeilDiv(rows_, kNormRows) * C, [this, C](int64_t task) { Norm(task / C, task % C); });
     const int64_t inject_blocks = CeilDiv(C, kColumnBlock);
-    if constexpr (kSplitK) {  // float32: down's k in slices, 4 to a task, added in order afterwards
+    if constexpr (kSplitK) {  // float32: down's k in slices, 2 or 4 to a task, added in order afterwards
       const int64_t down_tasks = CeilDiv(down_.count, down_.per_task) * down_blocks_;
       run((down_tasks + inject_blocks) * tiles_, [this, down_tasks](int64_t task) {
         const int64_t block = task / tiles_, tile = task % tiles_;
@@ -371,7 +371,7 @@ class Pass {
     }
   }
 
-  // --- float32 (kSplitK): the down and up products in slices of k. ---
+  // --- float32 (kSplitK): the down product in slices of k; 1-4 rows of any type: up in parts. ---
 
   // A product's K in `count` slices of `len` rows of k (the last one shorter), `per_task` to a task.
   struct Slices {
