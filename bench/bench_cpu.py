@@ -24,11 +24,13 @@ a large numpy array (512 MiB, bytes copied per second; one numpy copy per thread
     python3 bench/bench_cpu.py                  # writes bench/out/cpu.md
     python3 bench/bench_cpu.py --rows 1 4 --threads 1 --dtypes bfloat16 --out /tmp/cpu.md
     python3 bench/bench_cpu.py --library /tmp/old/libhcfuse_ops.so --out /tmp/old.md   # another build
+    python3 bench/bench_cpu.py --threads 2 --no-spinning     # pool threads sleep between runs
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -83,11 +85,19 @@ def copy_bandwidth(threads: int, reps: int = 5) -> float:
     return src.nbytes / best
 
 
-LIBRARY = None  # --library: another build of the custom-op library (default: hcfuse's own)
+@dataclasses.dataclass(frozen=True)
+class Sessions:
+    """Makes the benchmark's sessions: `library` another build of the custom-op library (--library;
+    None: hcfuse's own), `spinning` False for --no-spinning."""
+    library: str | None = None
+    spinning: bool = True
 
-
-def session(model_bytes: bytes, threads: int):
-    return inference_session(model_bytes, library=LIBRARY or True, optimize=True, intra_op_threads=threads)
+    def __call__(self, model_bytes: bytes, threads: int):
+        # ORT's pool threads spin for a while after each parallel section; the fused and stock sessions
+        # take turns, so on a 2-core machine one session's spinning worker competes with the other's run
+        config = None if self.spinning else {"session.intra_op.allow_spinning": "0"}
+        return inference_session(model_bytes, library=self.library or True, optimize=True,
+                                 intra_op_threads=threads, config=config)
 
 
 def bind(sess, feeds: dict):
@@ -171,9 +181,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-reps", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "cpu.md")
     ap.add_argument("--library", help="custom-op library to register instead of hcfuse's (to compare builds)")
+    ap.add_argument("--no-spinning", action="store_true",
+                    help="session.intra_op.allow_spinning=0 for both sessions (their pools sleep between runs)")
     args = ap.parse_args(argv)
-    global LIBRARY
-    LIBRARY = args.library
+    session = Sessions(library=args.library, spinning=not args.no_spinning)
 
     import onnxruntime as ort
 
@@ -214,18 +225,19 @@ def main(argv=None) -> int:
                 del fused_sess, stock_sess
                 print(f"{dt} {kind:5s} threads={t} fused/stock ms per block: {' '.join(line)} "
                       f"({time.perf_counter() - t_start:.0f} s)", flush=True)
-        check_chain(models["fused chain"][0], models["stock chain"][0], dtype, DTYPES[stock_dt], rng)
+        check_chain(session, models["fused chain"][0], models["stock chain"][0], dtype, DTYPES[stock_dt], rng)
         del models
 
     lib = f"library {args.library}" if args.library else f"hcfuse {git_label()}"
-    meta = (f"onnxruntime {ort.__version__}, {cores} cores, {lib}; copy bandwidth " +
+    meta = (f"onnxruntime {ort.__version__}, {cores} cores, {lib}{'' if session.spinning else ', pool spinning off'}; "
+            "copy bandwidth " +
             ", ".join(f"{b / 1e9:.1f} GB/s ({t} thread{'s' if t > 1 else ''})" for t, b in bandwidth.items()))
     write_table(results, args.out, meta, args)
     print(f"bench_cpu: {time.perf_counter() - t_start:.0f} s")
     return 0
 
 
-def check_chain(fused_model: bytes, stock_model: bytes, dtype, stock_dtype, rng) -> None:
+def check_chain(session: Sessions, fused_model: bytes, stock_model: bytes, dtype, stock_dtype, rng) -> None:
     """Sanity check: the fused and stock chains agree at 1 row (loosely: float16 rounds differently at
     the stock ops' boundaries; a bfloat16 chain is checked against the float16 stock chain of the same
     weights, to bfloat16's precision)."""

@@ -1,11 +1,13 @@
 // Micro-benchmark of the CPU kernel's weight streaming, outside ONNX Runtime.
 //
-// Times, per phase (norm, down/inject, up/mix), HcLowRankMixCpu at the Qwen shape with weights read
-// cold (distinct weight sets cycling over more bytes than the L3, 64-byte aligned as ORT's allocator
-// gives them), on 1 thread and on 2 (a spinning worker plus the caller claiming tasks from an atomic
-// counter, as ORT's pool does), next to a plain sequential read (a vector sum) of the same weight
-// bytes; with a second build of the kernel linked in (B), A, the read and B take turns call by call.
-// Medians per phase (a shared machine's preemptions land in a few calls, and in whole-call totals).
+// Times, per phase (each call of the task runner: norm, down/inject, up/mix for 16-bit T; norm, down
+// slices and inject, down epilogue, up, g/pre_output for float32 at 1-4 rows), HcLowRankMixCpu at the
+// Qwen shape with weights read cold (distinct weight sets cycling over more bytes than the L3, 64-byte
+// aligned as ORT's allocator gives them), on 1 thread and on 2 (a spinning worker plus the caller
+// claiming tasks from an atomic counter, as ORT's pool does), next to a plain sequential read (a
+// vector sum) of the same weight bytes (its phases: down, up); with a second build of the kernel
+// linked in (B), A, the read and B take turns call by call. Medians per phase (a shared machine's
+// preemptions land in a few calls, and in whole-call totals), and their sum.
 //
 //   bench/cpu_stream_micro.sh /tmp/micro [B_SRC]      builds it (B_SRC: another copy of kernels/src/cpu)
 //   /tmp/micro [rows...]                               default rows 1 4; rows 0: the access patterns alone
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -187,9 +190,10 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
 #endif
   };
   constexpr int kVariants = HCFUSE_MICRO_AB ? 3 : 2;  // A, sum, B
-  std::vector<double> phases[kVariants][3];
-  double phase[3];
-  int phase_i = 0;
+  // per variant, per call: the time of each task-runner phase (3 for 16-bit T, 5 for float32: norm,
+  // down/inject slices, down epilogue, up slices, mix; the plain read: down, up)
+  std::vector<std::vector<double>> calls[kVariants];
+  std::vector<double> phase;
   HcTaskRunner run = [&](int64_t n, const std::function<void(int64_t)>& fn) {
     const auto t0 = Clock::now();
     if (threads == 1) {
@@ -197,7 +201,7 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
     } else {
       pool->Run(n, fn);
     }
-    phase[phase_i++ % 3] = Seconds(t0, Clock::now());
+    phase.push_back(Seconds(t0, Clock::now()));
   };
   const int reps = std::getenv("REPS") ? std::atoi(std::getenv("REPS")) : static_cast<int>(std::max<int64_t>(6 * sets, 60));
   volatile float sink = 0;
@@ -206,7 +210,7 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
     for (int variant = 0; variant < kVariants; ++variant) {
       const WeightSet& w = ws[i_set++ % sets];
       const HcLowRankMixCpuArgs<T> a = args_for(w, variant == 2 ? pre_b.data() : pre.data());
-      phase_i = 0;
+      phase.clear();
       if (variant == 0) {
         HcLowRankMixCpu<T>(p, a, run, scratch.data());
       } else if (variant == 1) {  // sums of down and of up, split over the threads in halves
@@ -225,14 +229,10 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
             sink = sink + acc[0][0] + acc[1][1] + acc[2][2] + acc[3][3];
           });
         }
-        phase[2] = phase[1];
-        phase[1] = phase[0];
-        phase[0] = 0;
       } else {
         run_b(a, run);
       }
-      if (rep >= 0)
-        for (int j = 0; j < 3; ++j) phases[variant][j].push_back(phase[j]);
+      if (rep >= 0) calls[variant].push_back(phase);
     }
   }
   auto median = [](std::vector<double> v) {
@@ -242,13 +242,26 @@ void Bench(const char* name, int64_t rows, int threads, TwoThreads* pool) {
   const char* labels[] = {"A", "sum", "B"};
   for (int variant = 0; variant < kVariants; ++variant) {
     std::vector<double> totals;
-    for (int i = 0; i < reps; ++i) totals.push_back(phases[variant][0][i] + phases[variant][1][i] + phases[variant][2][i]);
-    // medians, and the sum of the phases' medians (robust against preemption on a shared machine)
-    const double total = median(phases[variant][0]) + median(phases[variant][1]) + median(phases[variant][2]);
-    std::printf("%-8s rows=%-3lld thr=%d %-3s total %.3f ms, phases %.3f ms (%4.1f GB/s)  norm %.3f  down/inject %.3f"
-                "  up/mix %.3f\n", name, static_cast<long long>(rows), threads, labels[variant], median(totals) * 1e3,
-                total * 1e3, weight_bytes / total / 1e9, median(phases[variant][0]) * 1e3,
-                median(phases[variant][1]) * 1e3, median(phases[variant][2]) * 1e3);
+    for (const auto& c : calls[variant]) {
+      double t = 0;
+      for (double x : c) t += x;
+      totals.push_back(t);
+    }
+    // medians per phase, and their sum (robust against preemption on a shared machine)
+    std::string per_phase;
+    double total = 0;
+    for (size_t j = 0; j < calls[variant][0].size(); ++j) {
+      std::vector<double> v;
+      for (const auto& c : calls[variant]) v.push_back(c[j]);
+      const double m = median(v);
+      total += m;
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " %.3f", m * 1e3);
+      per_phase += buf;
+    }
+    std::printf("%-8s rows=%-3lld thr=%d %-3s total %.3f ms, phases %.3f ms (%4.1f GB/s):%s\n", name,
+                static_cast<long long>(rows), threads, labels[variant], median(totals) * 1e3, total * 1e3,
+                weight_bytes / total / 1e9, per_phase.c_str());
   }
   if (HCFUSE_MICRO_AB) {  // A and B on the same weights
     HcLowRankMixCpu<T>(p, args_for(ws[0], pre.data()), run, scratch.data());

@@ -6,6 +6,8 @@
 #   bench/cpu_stream_micro.sh OUT [B_SRC]      B_SRC: see the last lines of this comment
 #   THREADS=1 DTYPE=float32 OUT 1 4            rows 1 and 4; H=256 HOT=1: weights that stay in the caches
 #   OUT 0                                      the access-pattern reads only (no kernel)
+#   EXTRA_FLAGS='-DNAME=1' bench/cpu_stream_micro.sh OUT B_SRC   compiler flags for both builds (A/B of a
+#                                              macro-guarded variant)
 #
 # A B folder from another commit:  mkdir -p /tmp/b/cpu && for f in hc_lowrank_mix_cpu.h hc_lowrank_mix_cpu.cc
 #   hc_lowrank_mix_cpu_gemm.inc; do git show REV:kernels/src/cpu/$f > /tmp/b/cpu/$f; done
@@ -15,7 +17,7 @@ out=${1:?usage: cpu_stream_micro.sh OUT [B_SRC]}
 b_src=${2:-}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-flags=(-O3 -DNDEBUG -std=c++17 -ffp-contract=off)
+flags=(${EXTRA_FLAGS:-} -O3 -DNDEBUG -std=c++17 -ffp-contract=off)
 g++ "${flags[@]}" -I"$root/kernels/include" -I"$root/kernels/src" -c "$root/kernels/src/cpu/hc_lowrank_mix_cpu.cc" \
   -o "$tmp/a.o"
 objs=("$tmp/a.o")

@@ -14,7 +14,11 @@ bit for bit:
 
 A kernel may fuse the products' multiply-adds (the CPU kernel does where the CPU has FMA): for
 float16 and bfloat16 inputs each product is exact in fp32, so the bits do not change; for float32
-they may, by a few ulp of the outputs (the kernel tests state the bound).
+they may, by a few ulp of the outputs. With float32 a kernel may also sum a product in fixed slices
+of k, each sequential, added in a fixed order (the CPU kernel sums hn @ down_weight in 8 slices of
+ceil(C*H / 8) rows; the CUDA general path splits it too): each order carries its own rounding
+error of about sqrt(K) ulps, so outputs then differ from this reference by tens of scaled ulps
+(the kernel tests state the bounds). 16-bit outputs keep this reference's order.
 
 T is np.float32, np.float16 or ml_dtypes.bfloat16, the same for every input and output.
 """

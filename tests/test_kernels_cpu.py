@@ -1,12 +1,14 @@
 """The CPU kernel inside onnxruntime sessions against hcfuse.reference.
 
-The kernel performs the reference's operations in the reference's order (sequential fp32
-accumulation over k for every dot product and the norm's sum of squares, branches summed in order,
-sigmoid from a correctly rounded exp). Its products fuse each multiply-add (FMA) where the
-instruction set has it: for float16 and bfloat16 the product of two rounded 16-bit values is exact
-in fp32, so that changes no bit and those comparisons stay bitwise; for float32 it skips one
-rounding per step, so pre_output and post_gate are held to FP32_BOUND scaled ulps of the reference
-(hcfuse.verification.ulp_gap), streams_out stays bitwise. Row independence and determinism are
+The kernel performs the reference's operations in the reference's order for float16 and bfloat16
+(sequential fp32 accumulation over k for every dot product and the norm's sum of squares, branches
+summed in order, sigmoid from a correctly rounded exp). Its products fuse each multiply-add (FMA)
+where the instruction set has it: for float16 and bfloat16 the product of two rounded 16-bit values
+is exact in fp32, so that changes no bit and those comparisons stay bitwise. For float32 FMA skips
+one rounding per step, and the down product is summed in fixed slices of k (up to 8 over C*H, each
+sequential, the slices added in order), so
+pre_output and post_gate are held to FP32_BOUND scaled ulps of the reference
+(hcfuse.verification.ulp_gap); streams_out stays bitwise. Row independence and determinism are
 bitwise for every type (the kernel against itself). NaN payloads in test_special_values are
 compared as "both NaN".
 """
@@ -30,9 +32,12 @@ ODD_ATTRS = {"epsilon": 1e-3, "reduction_scale": 0.7, "silu_alpha": 1.7, "gate_d
 QWEN_ATTRS = QWEN_ATTRIBUTES
 ACTIVATIONS = ("streams", "prev_block_output", "prev_post_gate")
 # float32 pre_output / post_gate against the reference, in scaled ulps (ulp at max(|value|, rms of the
-# output)): FMA against separate multiply and add. Measured at the Qwen size (K = 10240, unit-variance
-# products, 1/4/16 rows, 3 seeds): at most 6 (pre_output) and 4 (post_gate).
-FP32_BOUND = 16
+# output)): FMA and down's sliced sum against one sequential sum of separately rounded steps. Either
+# order's sum of K unit-variance products carries a rounding error of about sqrt(K) fp32 ulps of its
+# rms; the down product's (K = C*H = 10240 at the Qwen size) reaches pre_output through hidden, up
+# and the sigmoid. Measured at the Qwen size (1/4/16 rows, 3 seeds each, test_float32_bound_at_the_qwen_size):
+# at most 16 (pre_output; FMA alone: 6) and 3 (post_gate), i.e. about 2e-6 of the output's rms.
+FP32_BOUND = 32
 
 
 def assert_matches_reference(actual, expected, name: str, what: str, fp32_bound: float = FP32_BOUND) -> None:
@@ -172,27 +177,50 @@ def check_rows_alone_among_4_and_6(make_session, rng, *, C, H, R, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_row_independence_across_feature_blocks(make_session, rng, dtype):
-    """1-4 rows of 16-bit weights read up_weight in place in blocks of 256 features per branch, more rows
-    in blocks of 128 (float32: 128 always); H = 300 leaves 256 + 44 against 2 x 128 + 44, and C = 3
-    chains each branch's block to the next one's prefetch."""
+    """1-4 rows stream up_weight in two parts of its rows and compute g and pre_output in blocks of 256
+    features, more rows take up and the mix in blocks of 128 features per branch; H = 300 leaves 256 + 44
+    against 2 x 128 + 44, and C = 3 chains each branch's block to the next one's prefetch."""
     check_rows_alone_among_4_and_6(make_session, rng, C=3, H=300, R=40, dtype=dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("R", [7, 37])
 def test_streamed_up_product(make_session, rng, dtype, R):
-    """up_weight rows of C * H = 4400 columns lie 8.8-17.6 KB apart (>= 4 KB): 1-4 rows sweep them row
-    by row, four rows of k at a time (R = 7 and 37 leave tails of 3 and 1, and 37 reaches the
-    prefetch's row distance of 32), more rows go through the tiles."""
+    """up_weight rows of C * H = 4400 columns lie 8.8-17.6 KB apart (>= 4 KB): 1-4 rows sweep them in
+    two parts of 2208 and 2192 columns (runs of 4.4-8.8 KB), four rows of k at a time (R = 7 and 37
+    leave tails of 3 and 1), more rows go through the tiles."""
     check_rows_alone_among_4_and_6(make_session, rng, C=4, H=1100, R=R, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("C, H, R", [(2, 3, 16), (3, 5, 8), (4, 75, 24)], ids=["6-slices", "8-slices-short-last",
+                                                                             "8-slices"])
+def test_sliced_products(make_session, rng, dtype, C, H, R):
+    """float32 sums down over C*H in up to 8 slices of k (C*H = 6: 6 slices of 1, at 1-2 rows in two tasks
+    of 4 and 2, at 3-4 rows in three of 2; 15: 7 slices of 2 and one of 1; 300: 8 slices of 38 with a
+    last of 34); 1-4 rows stream the
+    slices together (R a multiple of the vector width) and up in two halves of its rows, more rows
+    take the slices one by one through the tiles: the same bits either way, within the bound of the
+    reference (16-bit types: unsliced, bitwise)."""
+    check_rows_alone_among_4_and_6(make_session, rng, C=C, H=H, R=R, dtype=dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_bound_at_the_qwen_size(make_session, rows, seed):
+    """The stated float32 bound (FP32_BOUND scaled ulps) across row counts and seeds at the real shape,
+    where the down product sums 10240 products in 8 slices of 1280."""
+    check_against_reference(make_session, **QWEN_SHAPE, dtype=np.float32, lead=(rows,),
+                            rng=np.random.default_rng(seed), prologue=True, **QWEN_ATTRS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_sigmoid_over_a_wide_range(make_session, rng, dtype):
     """up and Z reach far beyond +-87, where the kernel's vector sigmoid hands lanes to the scalar one
     (fp32 e subnormal or overflowing), and cover the range in between densely: bitwise equal to the
-    reference's sigmoid (exp in float64, rounded once). In float32 the sigmoid's slope at such |up|
-    multiplies the products' few-ulp FMA differences: measured 79 scaled ulps, asserted <= 256."""
+    reference's sigmoid (exp in float64, rounded once). In float32 the products' order differences
+    reach up ~40x larger than at unit scale and the sigmoid's slope carries them into g: measured
+    246-821 scaled ulps over 6 seeds (FMA alone, before down's sliced sum: 87-155), asserted <= 2048."""
     C, H, R = 2, 1000, 24
     feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((3,), C, H, dtype, rng, prologue=True)}
     feeds["down_weight"] = (feeds["down_weight"].astype(np.float32) * 40).astype(dtype)  # Z ~ 40 N(0, 1)
@@ -203,7 +231,7 @@ def test_sigmoid_over_a_wide_range(make_session, rng, dtype):
     got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, prologue=True)
     for name, value in got.items():
         assert_matches_reference(value, dict(zip(OUTPUTS, reference.hc_lowrank_mix(**feeds, num_branches=C)))[name],
-                                 name, name, fp32_bound=256)
+                                 name, name, fp32_bound=2048)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

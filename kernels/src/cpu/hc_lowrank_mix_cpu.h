@@ -6,12 +6,16 @@
 // correctly rounded to fp32. The products' multiply-adds are fused (FMA) under AVX2+FMA and AVX-512
 // (separate under plain SSE2); everything else is built with -ffp-contract=off. For float16 and
 // bfloat16 the product of two rounded 16-bit values is exact in fp32, so FMA gives the reference's
-// bits (bfloat16: unless a product falls outside fp32's normal range); for float32 it skips the
-// product's rounding, so pre_output and post_gate are within a few scaled ulps of the reference
-// (tests/test_kernels_cpu.py asserts 16; the Qwen size measures <= 6).
+// bits (bfloat16: unless a product falls outside fp32's normal range). For float32 FMA skips the
+// product's rounding, and the down product (K = C*H) is summed in kHcCpuDownSlices fixed slices of k
+// (ceil(K / 8) rows each; each slice sequential from 0, the slices added in order), which lets 1-4
+// rows read down_weight as several sequential streams; pre_output and post_gate are then within a
+// few tens of scaled ulps of the reference (tests/test_kernels_cpu.py asserts 32; the Qwen size
+// measures <= 16). The slices are the same at every row count, thread count and path.
 //
-// Work is split over OUTPUT elements only, never over a sum: the norm per (row, branch), the
-// down/inject products per block of output columns, the up product, g and pre_output per block of
+// Work is split over OUTPUT elements only, never over a sum (float32's down slices are fixed parts of
+// the sum, not a split of work): the norm per (row, branch), the down/inject products per block of
+// output columns (float32: per group of down slices), the up product, g and pre_output per block of
 // features h (all C branches of it). Rows go in tiles of kHcCpuRowTile that share each weight read.
 // How a product walks its weight (tiles of k, or k outer for 1-4 rows over long weight rows) and how
 // many features a task takes (128 or 256) vary with the row count; no column's arithmetic does.
@@ -127,10 +131,14 @@ inline constexpr int64_t kHcCpuRowTile = 64;
 // Rows per pass of the three phases: bounds the scratch (about 5 MB at the Qwen shape).
 inline constexpr int64_t kHcCpuRowsPerPass = 64;
 
-// fp32 scratch HcLowRankMixCpu needs: hn and g (rows x C*H) and hidden (rows x R) for one pass.
+// Slices of k the float32 down product is summed in (each sequentially over its k, then added in order).
+inline constexpr int64_t kHcCpuDownSlices = 8;
+
+// fp32 scratch HcLowRankMixCpu needs for one pass: hn and g (rows x C*H), hidden (rows x R), and for
+// float32 the down product's slices (kHcCpuDownSlices x rows x R).
 inline int64_t HcLowRankMixCpuScratchFloats(const HcLowRankMixParams& p) {
   const int64_t rows = p.rows < kHcCpuRowsPerPass ? p.rows : kHcCpuRowsPerPass;
-  return rows * (2 * p.width() + p.R);
+  return rows * (2 * p.width() + (1 + kHcCpuDownSlices) * p.R);
 }
 
 // Computes the op for all params.rows rows. params comes from ResolveHcLowRankMixParams; scratch
