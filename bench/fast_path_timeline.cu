@@ -65,6 +65,7 @@ struct Chain {
   std::vector<T*> pre, gate, streams;  // per block outputs
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  hcfuse::HcDeviceCaps caps;  // the device's, as the library reads them
 };
 
 bool EnvFlag(const char* name) {
@@ -72,13 +73,9 @@ bool EnvFlag(const char* name) {
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
-// The library's plan for one block on an sm_90 device (forced: any row count), PDL as the config says.
-hcfuse::HcFastPlan Plan(const hcfuse::HcLowRankMixParams& p, const hcfuse::HcFastTuning& tuning, bool pdl) {
-  hcfuse::HcDeviceCaps caps;
-  caps.sm_major = 9;
-  caps.max_shared_memory_per_block = 227 * 1024;
-  caps.shared_memory_per_sm = 228 * 1024;  // an H100/H200's, as the library reads them
-  caps.reserved_shared_memory_per_block = 1024;
+// The library's plan for one block on this device (forced: any row count), PDL as the config says.
+hcfuse::HcFastPlan Plan(const hcfuse::HcLowRankMixParams& p, const hcfuse::HcDeviceCaps& caps,
+                        const hcfuse::HcFastTuning& tuning, bool pdl) {
   hcfuse::HcFastRequest request;
   request.forced = true;
   hcfuse::HcFastPlan plan = hcfuse::HcFastPlanFor(p, caps, tuning, request);
@@ -131,7 +128,7 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
-    CheckLaunch(hcfuse::cuda::LaunchHcFast<T>(p, a, c.scratch, Plan(p, tuning, cfg.pdl), stream, true));
+    CheckLaunch(hcfuse::cuda::LaunchHcFast<T>(p, a, c.scratch, Plan(p, c.caps, tuning, cfg.pdl), stream, true));
   }
 }
 
@@ -278,6 +275,9 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   Chain c;
+  int device = 0;
+  CK(cudaGetDevice(&device));
+  CK(hcfuse::cuda::QueryHcDeviceCaps(device, &c.caps));
   for (int s = 0; s < kSets; ++s) {
     c.sets.push_back({DeviceRandom(kK, 0.5f, 1.5f, gen), DeviceRandom(static_cast<size_t>(kK) * kR, -0.02f, 0.02f, gen),
                       DeviceRandom(static_cast<size_t>(kR) * kK, -0.05f, 0.05f, gen),
@@ -297,7 +297,7 @@ int main(int argc, char** argv) {
   for (const HcFastDesign design : {HcFastDesign::kCluster, HcFastDesign::kPlain}) {  // scratch for either design
     hcfuse::HcFastTuning tuning;
     tuning.design = design;
-    c.scratch_bytes = std::max(c.scratch_bytes, Plan(Params(max_rows, true), tuning, true).scratch.total);
+    c.scratch_bytes = std::max(c.scratch_bytes, Plan(Params(max_rows, true), c.caps, tuning, true).scratch.total);
   }
   CK(cudaMalloc(&c.scratch, c.scratch_bytes));
   unsigned long long* timeline = nullptr;

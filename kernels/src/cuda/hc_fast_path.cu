@@ -21,6 +21,8 @@
 #include <algorithm>
 #include <string>
 
+#include <utility>
+
 #include "cuda/hc_common.cuh"
 #include "cuda/hc_fast_device.cuh"
 #include "cuda/hc_fast_plan.h"
@@ -536,6 +538,23 @@ bool PlannedFor(const HcFastPlan& plan, const HcLowRankMixParams& p) {
 }  // namespace
 
 namespace cuda {
+
+cudaError_t QueryHcDeviceCaps(int device, HcDeviceCaps* caps) {
+  int major = 0, minor = 0, per_block = 0, per_sm = 0, reserved = 0;
+  for (auto [attr, value] : {std::pair{cudaDevAttrComputeCapabilityMajor, &major},
+                             std::pair{cudaDevAttrComputeCapabilityMinor, &minor},
+                             std::pair{cudaDevAttrMaxSharedMemoryPerBlockOptin, &per_block},
+                             std::pair{cudaDevAttrMaxSharedMemoryPerMultiprocessor, &per_sm},
+                             std::pair{cudaDevAttrReservedSharedMemoryPerBlock, &reserved}}) {
+    if (const cudaError_t e = cudaDeviceGetAttribute(value, attr, device); e != cudaSuccess) return e;
+  }
+  caps->sm_major = major;
+  caps->sm_minor = minor;
+  caps->max_shared_memory_per_block = per_block;
+  caps->shared_memory_per_sm = per_sm;
+  caps->reserved_shared_memory_per_block = reserved;
+  return cudaSuccess;
+}
 
 template <typename T>
 std::string HcFastLaunchSummary(const HcFastPlan& plan) {

@@ -44,6 +44,10 @@ template <typename T>
 HcLaunchStatus LaunchHcFast(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
                             const HcFastPlan& plan, cudaStream_t stream, bool weights_are_constant);
 
+// What HcFastPlanFor needs to know of `device`, read from the CUDA runtime (once, when a kernel is
+// created; the timeline probe too).
+cudaError_t QueryHcDeviceCaps(int device, HcDeviceCaps* caps);
+
 // One line for HCFUSE_DEBUG: grids, shared memory, how many clusters fit on the device at once
 // (queries the CUDA runtime; not for the hot path).
 template <typename T>

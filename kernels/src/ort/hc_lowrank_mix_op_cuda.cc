@@ -181,20 +181,7 @@ class CudaProvider {
         gemm_(debug_) {
     weights_constant_ = WeightsAreConstant(api, info);
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
-    int max_smem = 0;
-    ThrowIfCudaFailed(cudaDeviceGetAttribute(&caps_.sm_major, cudaDevAttrComputeCapabilityMajor, device_),
-                      "cudaDeviceGetAttribute(compute capability major)");
-    ThrowIfCudaFailed(cudaDeviceGetAttribute(&caps_.sm_minor, cudaDevAttrComputeCapabilityMinor, device_),
-                      "cudaDeviceGetAttribute(compute capability minor)");
-    ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
-                      "cudaDeviceGetAttribute(max shared memory per block, opt-in)");
-    caps_.max_shared_memory_per_block = max_smem;
-    ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_),
-                      "cudaDeviceGetAttribute(max shared memory per multiprocessor)");
-    caps_.shared_memory_per_sm = max_smem;
-    ThrowIfCudaFailed(cudaDeviceGetAttribute(&max_smem, cudaDevAttrReservedSharedMemoryPerBlock, device_),
-                      "cudaDeviceGetAttribute(reserved shared memory per block)");
-    caps_.reserved_shared_memory_per_block = max_smem;
+    ThrowIfCudaFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)");
   }
 
   Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& t) {
