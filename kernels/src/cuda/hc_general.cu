@@ -31,9 +31,9 @@
 #include <string>
 
 #include "cuda/hc_common.cuh"
-#include "cuda/hc_cp_async.cuh"
 #include "cuda/hc_gemm.h"
 #include "cuda/hc_lowrank_mix_cuda.h"
+#include "cuda/hc_ptx.cuh"
 
 namespace hcfuse {
 namespace cuda {
@@ -164,12 +164,12 @@ __device__ __forceinline__ void PrefetchRowGroup(const NormArgs<T>& a, T* stage,
     const int64_t row = std::min(group * ROWS + r, a.rows - 1);
     for (int64_t c = 0; c < C; ++c) {
       for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-        CpAsync16(stage + (r * C + c) * a.H + h, a.streams + row * width + c * a.H + h);
+        ptx::CpAsync<16>(stage + (r * C + c) * a.H + h, a.streams + row * width + c * a.H + h);
       }
     }
     if (a.prev_block_output != nullptr) {
       for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-        CpAsync16(stage + (ROWS * C + r) * a.H + h, a.prev_block_output + row * a.H + h);
+        ptx::CpAsync<16>(stage + (ROWS * C + r) * a.H + h, a.prev_block_output + row * a.H + h);
       }
     }
   }
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
   const int64_t groups = (a.rows + ROWS - 1) / ROWS;
   if constexpr (MODE == kPrefetch) {
     if (blockIdx.x < groups) PrefetchRowGroup<T, VEC, ROWS>(a, smem_t, blockIdx.x, C);
-    CpAsyncCommit();
+    ptx::CpAsyncCommit();
   }
   for (int64_t group = blockIdx.x; group < groups; group += gridDim.x, stage ^= 1) {
     // S of this group: kCache [ROWS][C][H]; kPrefetch the stage's streams, turned into S by pass 1
@@ -225,10 +225,10 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
     if constexpr (MODE == kPrefetch) {
       if (group + gridDim.x < groups) {
         PrefetchRowGroup<T, VEC, ROWS>(a, smem_t + (stage ^ 1) * stage_elements, group + gridDim.x, C);
-        CpAsyncCommit();
-        CpAsyncWait<1>();  // this group's copies landed; the next group's fly during both passes
+        ptx::CpAsyncCommit();
+        ptx::CpAsyncWait<1>();  // this group's copies landed; the next group's fly during both passes
       } else {
-        CpAsyncWait<0>();
+        ptx::CpAsyncWait<0>();
       }
     }
     int64_t row[ROWS];

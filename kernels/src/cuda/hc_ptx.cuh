@@ -1,5 +1,6 @@
 // PTX wrappers of the fast decode path's kernels: programmatic dependent launch and cluster barriers
-// (sm_90), cp.async, ldmatrix and mma.sync (sm_80), and the global timer (timeline probe builds).
+// (sm_90), cp.async, ldmatrix and mma.sync (sm_80), and the global timer (timeline probe builds); the
+// general path's norm kernel takes its cp.async from here too.
 // Each compiles to nothing or traps where the architecture lacks it, as its comment says.
 #pragma once
 
@@ -90,6 +91,11 @@ __device__ __forceinline__ void CpAsync(void* smem, const void* gmem) {
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 // A fragment of a 16 x 16 tile of row-major A (row stride lda elements) at column k0.
 // lane_row: the shared-memory address (SharedAddress) of this lane's row.
