@@ -132,6 +132,8 @@ class ChainRunner:
                 env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1" if design == "batched" else "0")
             elif design == "generic":  # the generic kernels where the real shape's would run
                 env["HCFUSE_FAST_REAL_SHAPE"] = "0"
+            elif design == "late":  # stage 2 launched once stage 1's weight tiles landed
+                env["HCFUSE_FAST_LATE_TRIGGER"] = "1"
             elif design.startswith("ahead"):  # aheadN: at most N kernels wait next to a running one (0: any)
                 env["HCFUSE_FAST_AHEAD"] = design[len("ahead"):]
             elif design:

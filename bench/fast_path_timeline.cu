@@ -9,8 +9,14 @@
 //     steady-state blocks: how many earlier kernels still run when a kernel's first CTA starts, how
 //     long its CTAs are resident before the wait returns (time to stream weights), the boundary (end
 //     of the previous kernel -> this one's wait returns) and the work after the wait, per stage.
+// --sublayer puts a cuBLAS H x H MatMul (8 weight sets) between blocks, as bench_decode.py's real-model
+// variant does: prev_block_output = MatMul(pre_output), a kernel that does not trigger its dependents
+// early; the chain of MatMuls alone is timed too. --designs picks configs by name; --dump DIR writes
+// every CTA's records of a few steady-state blocks (one CSV per config and row count: the SM, and each
+// event in us from the first block's first start).
 // Built by CMake with -DHCFUSE_FAST_TIMELINE=ON (target hc_fast_timeline); no ONNX Runtime needed.
-//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5]
+//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5] [--sublayer] [--designs cluster cluster+late] [--dump DIR]
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -33,7 +39,8 @@ using T = __nv_bfloat16;
 
 constexpr int kC = hcfuse_bench::kQwenC, kH = hcfuse_bench::kQwenH, kR = hcfuse_bench::kQwenR, kK = kC * kH, kSets = 8;
 constexpr int kCtas = 256;  // records per kernel slot (fast::kTimelineCtas)
-constexpr int kFields = 9;  // start, waited, end (ns), waited, end (SM cycles), 4 phases (ns; plain design)
+// start, waited, end (ns), waited, end (SM cycles), 4 phases (ns), SM (fast::kTimelineFields)
+constexpr int kFields = 10;
 
 #define CK(x)                                                                                 \
   do {                                                                                        \
@@ -63,6 +70,10 @@ struct Chain {
   std::vector<WeightSet> sets;
   T* streams_in = nullptr;
   std::vector<T*> pre, gate, streams;  // per block outputs
+  // --sublayer: H x H weight sets and each block's sublayer output (prev_block_output of the next)
+  bool sublayer = false;
+  std::vector<T*> sub_weights, sub_out;
+  cublasHandle_t cublas = nullptr;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   hcfuse::HcDeviceCaps caps;  // the device's, as the library reads them
@@ -102,7 +113,26 @@ struct Config {
   HcFastDesign design;
   bool bulk;
   bool pdl = true;
+  bool late_trigger = false;  // HcFastTuning::late_trigger
+  int ahead = -1;             // HcFastTuning::kernels_ahead (-1: HCFUSE_FAST_AHEAD or the default)
 };
+
+void CheckCublas(cublasStatus_t s) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cuBLAS error %d\n", static_cast<int>(s));
+    std::exit(1);
+  }
+}
+
+// The sublayer of block b: sub_out[b] = pre[b] @ sub_weights[b % kSets] (row-major, fp32 compute).
+void EnqueueSublayer(Chain& c, int b, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  CheckCublas(cublasSetStream(c.cublas, stream));
+  // column-major view: sub_out^T (H x rows) = W^T (H x H) @ pre^T (H x rows)
+  CheckCublas(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_N, kH, c.rows, kH, &alpha, c.sub_weights[b % kSets],
+                           CUDA_R_16BF, kH, c.pre[b], CUDA_R_16BF, kH, &beta, c.sub_out[b], CUDA_R_16BF, kH,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
 
 void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, cudaStream_t stream) {
   for (int b = 0; b < n; ++b) {
@@ -113,7 +143,7 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     a.down_weight = w.down;
     a.up_weight = w.up;
     a.inject_weight = w.inject;
-    a.prev_block_output = b == 0 ? nullptr : c.pre[b - 1];
+    a.prev_block_output = b == 0 ? nullptr : (c.sublayer ? c.sub_out[b - 1] : c.pre[b - 1]);
     a.prev_post_gate = b == 0 ? nullptr : c.gate[b - 1];
     a.pre_output = c.pre[b];
     a.post_gate = c.gate[b];
@@ -125,11 +155,67 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.batched_stage1 = EnvFlag("HCFUSE_FAST_BATCH");
     tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
     if (const char* ahead = std::getenv("HCFUSE_FAST_AHEAD")) tuning.kernels_ahead = std::atoi(ahead);
+    if (cfg.ahead >= 0) tuning.kernels_ahead = cfg.ahead;
+    tuning.late_trigger = cfg.late_trigger;
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
     CheckLaunch(hcfuse::cuda::LaunchHcFast<T>(p, a, c.scratch, Plan(p, c.caps, tuning, cfg.pdl), stream, true));
+    if (c.sublayer && b + 1 < n) EnqueueSublayer(c, b, stream);
   }
+}
+
+// The sublayers alone, chained: sub_out[b] = sub_out[b - 1] @ W (the --sublayer chain's MatMuls).
+cudaGraphExec_t CaptureSublayers(Chain& c, int n, cudaStream_t stream) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int b = 0; b + 1 < n; ++b) {
+    const float alpha = 1.0f, beta = 0.0f;
+    CheckCublas(cublasSetStream(c.cublas, stream));
+    CheckCublas(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_N, kH, c.rows, kH, &alpha, c.sub_weights[b % kSets],
+                             CUDA_R_16BF, kH, b == 0 ? c.pre[0] : c.sub_out[b - 1], CUDA_R_16BF, kH, &beta,
+                             c.sub_out[b], CUDA_R_16BF, kH, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  CK(cudaStreamEndCapture(stream, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphDestroy(g));
+  return ge;
+}
+
+// Every CTA's record of blocks [first, first + count) as CSV: slot, stage, block, cta, sm, then the
+// events in us from t0 (empty where not recorded).
+void DumpRecords(const std::vector<unsigned long long>& rec, int first, int count, const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return;
+  }
+  unsigned long long t0 = ~0ull;
+  for (int k = 2 * first; k < 2 * (first + count); ++k) {
+    for (int cta = 0; cta < kCtas; ++cta) {
+      const unsigned long long s = rec[(static_cast<size_t>(k) * kCtas + cta) * kFields];
+      if (s != 0) t0 = std::min(t0, s);
+    }
+  }
+  std::fprintf(f, "block,stage,cta,sm,start,waited,end,phase1,phase2,phase3,phase4\n");
+  const int events[] = {0, 1, 2, 5, 6, 7, 8};
+  for (int k = 2 * first; k < 2 * (first + count); ++k) {
+    for (int cta = 0; cta < kCtas; ++cta) {
+      const unsigned long long* r = &rec[(static_cast<size_t>(k) * kCtas + cta) * kFields];
+      if (r[0] == 0) continue;
+      std::fprintf(f, "%d,%d,%d,%llu", k / 2, k % 2 + 1, cta, r[9]);
+      for (int e : events) {
+        if (r[e] != 0) {
+          std::fprintf(f, ",%.3f", (static_cast<double>(r[e]) - static_cast<double>(t0)) / 1e3);
+        } else {
+          std::fprintf(f, ",");
+        }
+      }
+      std::fprintf(f, "\n");
+    }
+  }
+  std::fclose(f);
 }
 
 cudaGraphExec_t Capture(Chain& c, int n, const Config& design, unsigned long long* timeline, cudaStream_t stream) {
@@ -261,12 +347,24 @@ void PrintTimeline(const std::vector<KernelSpan>& sp, const char* design, int ro
 
 int main(int argc, char** argv) {
   std::vector<int> rows_list;
+  std::vector<std::string> designs;
+  std::string dump_dir;
   int reps = 5;
+  bool sublayer = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--rows") == 0) {
       while (i + 1 < argc && argv[i + 1][0] != '-') rows_list.push_back(std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--designs") == 0) {
+      while (i + 1 < argc && argv[i + 1][0] != '-') designs.emplace_back(argv[++i]);
+    } else if (std::strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
+      dump_dir = argv[++i];
+    } else if (std::strcmp(argv[i], "--sublayer") == 0) {
+      sublayer = true;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
     }
   }
   if (rows_list.empty()) rows_list = {1, 2, 4, 8, 16};
@@ -294,6 +392,20 @@ int main(int argc, char** argv) {
     c.gate.push_back(gate);
     c.streams.push_back(st);
   }
+  c.sublayer = sublayer;
+  if (sublayer) {
+    CheckCublas(cublasCreate(&c.cublas));
+    void* workspace = nullptr;  // cuBLAS under stream capture: a fixed workspace of its own
+    const size_t workspace_bytes = size_t{32} << 20;
+    CK(cudaMalloc(&workspace, workspace_bytes));
+    CheckCublas(cublasSetWorkspace(c.cublas, workspace, workspace_bytes));
+    for (int s = 0; s < kSets; ++s) c.sub_weights.push_back(DeviceRandom(static_cast<size_t>(kH) * kH, -0.02f, 0.02f, gen));
+    for (int b = 0; b < long_n; ++b) {
+      T* y = nullptr;
+      CK(cudaMalloc(&y, static_cast<size_t>(max_rows) * kH * 2));
+      c.sub_out.push_back(y);
+    }
+  }
   for (const HcFastDesign design : {HcFastDesign::kCluster, HcFastDesign::kPlain}) {  // scratch for either design
     hcfuse::HcFastTuning tuning;
     tuning.design = design;
@@ -308,12 +420,26 @@ int main(int argc, char** argv) {
   std::vector<std::string> timelines;
   for (int rows : rows_list) {
     c.rows = rows;
-    const Config configs[] = {{"cluster", HcFastDesign::kCluster, false},
-                              {"plain", HcFastDesign::kPlain, false},
-                              {"plain+bulk", HcFastDesign::kPlain, true},
-                              {"plain+bulk-nopdl", HcFastDesign::kPlain, true, false}};
-    constexpr int kConfigs = sizeof(configs) / sizeof(configs[0]);
-    std::vector<unsigned short> outs[kConfigs];
+    const Config all_configs[] = {{"cluster", HcFastDesign::kCluster, false},
+                                  {"cluster+late", HcFastDesign::kCluster, false, true, true},
+                                  {"cluster+ahead0", HcFastDesign::kCluster, false, true, false, 0},
+                                  {"plain", HcFastDesign::kPlain, false},
+                                  {"plain+bulk", HcFastDesign::kPlain, true},
+                                  {"plain+bulk-nopdl", HcFastDesign::kPlain, true, false}};
+    std::vector<Config> configs;
+    for (const Config& cfg : all_configs) {
+      if (designs.empty() || std::find(designs.begin(), designs.end(), cfg.name) != designs.end()) configs.push_back(cfg);
+    }
+    const int kConfigs = static_cast<int>(configs.size());
+    if (sublayer) {
+      cudaGraphExec_t g96 = CaptureSublayers(c, long_n, stream);
+      cudaGraphExec_t g48 = CaptureSublayers(c, short_n, stream);
+      const double t96 = ReplayMs(g96, stream, reps), t48 = ReplayMs(g48, stream, reps);
+      std::printf("| matmul alone | %d | %.2f |\n", rows, (t96 - t48) * 1e3 / (long_n - short_n));
+      CK(cudaGraphExecDestroy(g96));
+      CK(cudaGraphExecDestroy(g48));
+    }
+    std::vector<std::vector<unsigned short>> outs(kConfigs);
     for (int di = 0; di < kConfigs; ++di) {
       const Config& cfg = configs[di];
       cudaGraphExec_t g96 = Capture(c, long_n, cfg, nullptr, stream);
@@ -341,6 +467,9 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(rec.data(), timeline, records * 8, cudaMemcpyDeviceToHost));
       CK(cudaGraphExecDestroy(gt));
       PrintTimeline(Spans(rec, 2 * short_n), cfg.name, rows);
+      if (!dump_dir.empty()) {
+        DumpRecords(rec, short_n / 3, 4, dump_dir + "/" + cfg.name + "_rows" + std::to_string(rows) + ".csv");
+      }
     }
     for (int di = 1; di < kConfigs; ++di) {
       size_t differ = 0;

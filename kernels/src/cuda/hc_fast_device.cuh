@@ -137,18 +137,20 @@ __device__ __forceinline__ float SumGroups(const float* p, int groups) {
 
 // Timeline probe (build with -DHCFUSE_FAST_TIMELINE, bench/fast_path_timeline.cu): thread 0 of each CTA
 // writes %globaltimer at its start, after the grid-dependency wait and at its end, and the SM's cycle
-// counter after the wait and at the end, and %globaltimer after each phase of the first pass (kPhase1..4),
-// into timeline[((slot * kTimelineCtas) + cta) * kTimelineFields + field]. Nothing is recorded in other
-// builds.
+// counter after the wait and at the end, %globaltimer after each phase of the first pass (kPhase1..4)
+// and, at the start, the SM it runs on, into timeline[((slot * kTimelineCtas) + cta) * kTimelineFields +
+// field]. Nothing is recorded in other builds.
 inline constexpr int kTimelineCtas = 256;
-inline constexpr int kTimelineFields = 9;
+inline constexpr int kTimelineFields = 10;
 enum TimelineEvent { kTimelineStart = 0, kTimelineWaited = 1, kTimelineEnd = 2, kPhase1 = 5, kPhase2, kPhase3, kPhase4 };
+inline constexpr int kTimelineSm = 9;
 __device__ __forceinline__ void TimelineMark(unsigned long long* timeline, int slot, TimelineEvent event) {
 #ifdef HCFUSE_FAST_TIMELINE
   if (timeline != nullptr && threadIdx.x == 0 && blockIdx.x < kTimelineCtas) {
     unsigned long long* rec = timeline + (static_cast<size_t>(slot) * kTimelineCtas + blockIdx.x) * kTimelineFields;
     rec[event] = GlobalTimer();
     if (event == kTimelineWaited || event == kTimelineEnd) rec[2 + event] = clock64();
+    if (event == kTimelineStart) rec[kTimelineSm] = SmId();
   }
 #else
   (void)timeline, (void)slot, (void)event;

@@ -112,6 +112,10 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
     CpAsyncCommit();
   };
   if (weights_are_constant) load_weights();
+  if (d.late_trigger && weights_are_constant) {  // stage 2's prefetch only after this CTA's tile landed
+    CpAsyncWaitAll();
+    __syncthreads();
+  }
   ReleaseDependents();  // stage 2 may become resident now and prefetch its weights
   if constexpr (CL > 1) ClusterArriveRelaxed();
   WaitOnProducer();  // streams / prev_* come from upstream nodes; scratch was read by the last stage 2

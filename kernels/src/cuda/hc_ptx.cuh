@@ -235,5 +235,12 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
   return t;
 }
 
+// The SM this thread runs on (for the timeline probe only).
+__device__ __forceinline__ unsigned SmId() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 }  // namespace ptx
 }  // namespace hcfuse
