@@ -85,6 +85,11 @@ struct HcFastTuning {
   // between blocks) stage 2's weight prefetch does not share the memory bandwidth with stage 1's
   // (same bits; HCFUSE_FAST_LATE_TRIGGER)
   bool late_trigger = false;
+  // cluster design: at least this much dynamic shared memory per stage 1 / stage 2 CTA (0: none), a
+  // placement experiment (bytes decide how many CTAs of which kernels share an SM; same bits;
+  // HCFUSE_FAST_SMEM1 / HCFUSE_FAST_SMEM2)
+  int64_t stage1_min_shared = 0;
+  int64_t stage2_min_shared = 0;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };

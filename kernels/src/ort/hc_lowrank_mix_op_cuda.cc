@@ -72,7 +72,9 @@ HcFastTuning ReadFastTuning() {
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
                              std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
                              std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster},
-                             std::pair{"HCFUSE_FAST_AHEAD", &tuning.kernels_ahead}}) {
+                             std::pair{"HCFUSE_FAST_AHEAD", &tuning.kernels_ahead},
+                             std::pair{"HCFUSE_FAST_SMEM1", &tuning.stage1_min_shared},
+                             std::pair{"HCFUSE_FAST_SMEM2", &tuning.stage2_min_shared}}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
