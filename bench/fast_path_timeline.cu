@@ -116,6 +116,7 @@ struct Config {
   bool late_trigger = false;  // HcFastTuning::late_trigger
   int ahead = -1;             // HcFastTuning::kernels_ahead (-1: HCFUSE_FAST_AHEAD or the default)
   int smem1 = 0, smem2 = 0;   // HcFastTuning::stage1_min_shared / stage2_min_shared
+  bool prefetch_late = false;  // HcFastTuning::prefetch_late
 };
 
 void CheckCublas(cublasStatus_t s) {
@@ -160,6 +161,7 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.late_trigger = cfg.late_trigger;
     tuning.stage1_min_shared = cfg.smem1;
     tuning.stage2_min_shared = cfg.smem2;
+    tuning.prefetch_late = cfg.prefetch_late;
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
@@ -430,6 +432,7 @@ int main(int argc, char** argv) {
     const Config all_configs[] = {{"cluster", HcFastDesign::kCluster, false},
                                   {"cluster+late", HcFastDesign::kCluster, false, true, true},
                                   {"cluster+ahead0", HcFastDesign::kCluster, false, true, false, 0},
+                                  {"cluster+pf", HcFastDesign::kCluster, false, true, false, -1, 0, 0, true},
                                   // stage 1 past half the SM's shared memory: no two of its CTAs share an SM
                                   {"cluster+s1half", HcFastDesign::kCluster, false, true, false, 0, half_sm},
                                   {"cluster+s1half+late", HcFastDesign::kCluster, false, true, true, 0, half_sm},

@@ -90,6 +90,10 @@ struct HcFastTuning {
   // HCFUSE_FAST_SMEM1 / HCFUSE_FAST_SMEM2)
   int64_t stage1_min_shared = 0;
   int64_t stage2_min_shared = 0;
+  // with the real shape's padded kernels: stage 2's CTAs past stage 1's count (those that find no room
+  // next to stage 1 and start only when its CTAs exit) have their weight tiles prefetched into L2 by the
+  // others at their start (same bits; HCFUSE_FAST_PREFETCH_LATE)
+  bool prefetch_late = false;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };
@@ -127,6 +131,7 @@ struct HcFastClusterDims {
   int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
   bool ss_local, hidden_local, has_prologue, batch;
   bool late_trigger;  // stage 1 releases stage 2 after its weight tile landed (HcFastTuning::late_trigger)
+  int late_from;      // stage 2: CTAs from this one on have their tiles prefetched into L2 by the others (0: none)
   float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
   unsigned long long* timeline;  // the timeline probe's records (HCFUSE_FAST_TIMELINE builds)
   int slot;

@@ -100,7 +100,8 @@ HcFastTuning ReadFastTuning() {
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_BULK", &tuning.bulk_copies},
                              std::pair{"HCFUSE_FAST_BATCH", &tuning.batched_stage1},
                              std::pair{"HCFUSE_FAST_REAL_SHAPE", &tuning.real_shape_kernels},
-                             std::pair{"HCFUSE_FAST_LATE_TRIGGER", &tuning.late_trigger}}) {
+                             std::pair{"HCFUSE_FAST_LATE_TRIGGER", &tuning.late_trigger},
+                             std::pair{"HCFUSE_FAST_PREFETCH_LATE", &tuning.prefetch_late}}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
