@@ -132,13 +132,6 @@ class ChainRunner:
                 env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1" if design == "batched" else "0")
             elif design == "generic":  # the generic kernels where the real shape's would run
                 env["HCFUSE_FAST_REAL_SHAPE"] = "0"
-            elif design == "pf":  # the late stage 2 CTAs' tiles prefetched into L2
-                env["HCFUSE_FAST_PREFETCH_LATE"] = "1"
-            elif design == "late":  # stage 2 launched once stage 1's weight tiles landed
-                env["HCFUSE_FAST_LATE_TRIGGER"] = "1"
-            elif design.startswith("smem"):  # smemA,B: at least A / B bytes of shared memory per stage 1 / 2 CTA
-                smem1, _, smem2 = design[len("smem"):].partition(",")
-                env.update(HCFUSE_FAST_AHEAD="0", HCFUSE_FAST_SMEM1=smem1, HCFUSE_FAST_SMEM2=smem2 or "0")
             elif design.startswith("ahead"):  # aheadN: at most N kernels wait next to a running one (0: any)
                 env["HCFUSE_FAST_AHEAD"] = design[len("ahead"):]
             elif design:

@@ -15,7 +15,7 @@
 // every CTA's records of a few steady-state blocks (one CSV per config and row count: the SM, and each
 // event in us from the first block's first start).
 // Built by CMake with -DHCFUSE_FAST_TIMELINE=ON (target hc_fast_timeline); no ONNX Runtime needed.
-//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5] [--sublayer] [--designs cluster cluster+late] [--dump DIR]
+//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5] [--sublayer] [--designs cluster cluster+ahead0] [--dump DIR]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -113,10 +113,7 @@ struct Config {
   HcFastDesign design;
   bool bulk;
   bool pdl = true;
-  bool late_trigger = false;  // HcFastTuning::late_trigger
-  int ahead = -1;             // HcFastTuning::kernels_ahead (-1: HCFUSE_FAST_AHEAD or the default)
-  int smem1 = 0, smem2 = 0;   // HcFastTuning::stage1_min_shared / stage2_min_shared
-  bool prefetch_late = false;  // HcFastTuning::prefetch_late
+  int ahead = -1;  // HcFastTuning::kernels_ahead (-1: HCFUSE_FAST_AHEAD or the default)
 };
 
 void CheckCublas(cublasStatus_t s) {
@@ -158,10 +155,6 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
     if (const char* ahead = std::getenv("HCFUSE_FAST_AHEAD")) tuning.kernels_ahead = std::atoi(ahead);
     if (cfg.ahead >= 0) tuning.kernels_ahead = cfg.ahead;
-    tuning.late_trigger = cfg.late_trigger;
-    tuning.stage1_min_shared = cfg.smem1;
-    tuning.stage2_min_shared = cfg.smem2;
-    tuning.prefetch_late = cfg.prefetch_late;
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
@@ -423,20 +416,10 @@ int main(int argc, char** argv) {
 
   std::printf("| design | rows | us per block (slope 96 vs 48 blocks) |\n|---|---|---|\n");
   std::vector<std::string> timelines;
-  // half of the SM's shared memory (a stage 1 CTA above it has its SM to itself), and the most a stage 2
-  // CTA may take for two of them to fit next to such a stage 1 CTA
-  const int half_sm = static_cast<int>(c.caps.shared_memory_per_sm / 2);
-  const int s2_two = static_cast<int>((c.caps.shared_memory_per_sm - half_sm - 3 * c.caps.reserved_shared_memory_per_block) / 2) / 128 * 128;
   for (int rows : rows_list) {
     c.rows = rows;
     const Config all_configs[] = {{"cluster", HcFastDesign::kCluster, false},
-                                  {"cluster+late", HcFastDesign::kCluster, false, true, true},
-                                  {"cluster+ahead0", HcFastDesign::kCluster, false, true, false, 0},
-                                  {"cluster+pf", HcFastDesign::kCluster, false, true, false, -1, 0, 0, true},
-                                  // stage 1 past half the SM's shared memory: no two of its CTAs share an SM
-                                  {"cluster+s1half", HcFastDesign::kCluster, false, true, false, 0, half_sm},
-                                  {"cluster+s1half+late", HcFastDesign::kCluster, false, true, true, 0, half_sm},
-                                  {"cluster+s1half+s2", HcFastDesign::kCluster, false, true, false, 0, half_sm, s2_two},
+                                  {"cluster+ahead0", HcFastDesign::kCluster, false, true, 0},
                                   {"plain", HcFastDesign::kPlain, false},
                                   {"plain+bulk", HcFastDesign::kPlain, true},
                                   {"plain+bulk-nopdl", HcFastDesign::kPlain, true, false}};

@@ -266,25 +266,7 @@ def test_kernels_ahead_gives_the_same_bits(fast_session, rng, monkeypatch, dtype
     _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_AHEAD", "0", "1")
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("rows", [1, 16])
-def test_late_trigger_gives_the_same_bits(fast_session, rng, monkeypatch, dtype, rows):
-    """HCFUSE_FAST_LATE_TRIGGER=1 (stage 1 lets stage 2 launch only once its weight tile has landed)
-    changes only when stage 2 starts, never a bit."""
-    _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_LATE_TRIGGER", "0", "1")
-
-
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("rows", [1, 16])
-def test_prefetch_late_gives_the_same_bits(fast_session, rng, monkeypatch, dtype, rows):
-    """HCFUSE_FAST_PREFETCH_LATE=1 (the tiles of stage 2's late CTAs prefetched into L2 by the others)
-    changes only where the weights come from, never a bit."""
-    _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_PREFETCH_LATE", "0", "1")
-
-
 @pytest.mark.parametrize("name,value,message", [
-    ("HCFUSE_FAST_LATE_TRIGGER", "late", "HCFUSE_FAST_LATE_TRIGGER must be 0 or 1"),
-    ("HCFUSE_FAST_PREFETCH_LATE", "yes", "HCFUSE_FAST_PREFETCH_LATE must be 0 or 1"),
     ("HCFUSE_FAST_SS_LOCAL_ROWS", "many", "HCFUSE_FAST_SS_LOCAL_ROWS must be an integer >= 0"),
     ("HCFUSE_FAST_AHEAD", "-1", "HCFUSE_FAST_AHEAD must be an integer >= 0"),
     ("HCFUSE_FAST_REAL_SHAPE", "2", "HCFUSE_FAST_REAL_SHAPE must be 0 or 1"),

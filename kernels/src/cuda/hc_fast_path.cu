@@ -112,10 +112,6 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
     CpAsyncCommit();
   };
   if (weights_are_constant) load_weights();
-  if (d.late_trigger && weights_are_constant) {  // stage 2's prefetch only after this CTA's tile landed
-    CpAsyncWaitAll();
-    __syncthreads();
-  }
   ReleaseDependents();  // stage 2 may become resident now and prefetch its weights
   if constexpr (CL > 1) ClusterArriveRelaxed();
   WaitOnProducer();  // streams / prev_* come from upstream nodes; scratch was read by the last stage 2
@@ -368,15 +364,6 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     CpAsyncCommit();
   };
   if (weights_are_constant) load_weights();
-  if (weights_are_constant && d.late_from > 0 && static_cast<int>(blockIdx.x) < d.late_from) {
-    // The tiles of CTAs late_from.. into L2 (one run of their features per row and branch; the plan
-    // sets late_from only for the real shape, whose runs are 16-byte aligned), spread over the others.
-    const int late_bytes = (static_cast<int>(gridDim.x) - d.late_from) * d.hs * 2;
-    for (int run = tid * d.late_from + blockIdx.x; run < d.R * d.C; run += blockDim.x * d.late_from) {
-      const int r = run / d.C, c = run % d.C;
-      BulkPrefetchL2(args.up_weight + static_cast<size_t>(r) * d.K + c * d.H + d.late_from * d.hs, late_bytes);
-    }
-  }
   ReleaseDependents();
   if (CL > 1 && tid == 0) MbarrierInit(exchange, 1);  // published to the peers by the cluster barrier below
   if constexpr (CL > 1) ClusterArriveRelaxed();

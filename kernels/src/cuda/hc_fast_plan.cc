@@ -120,7 +120,6 @@ HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const Hc
   d.ss_parts = d.ss_local ? parts : parts / cluster;
   d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
   d.batch = tuning.batched_stage1;
-  d.late_trigger = tuning.late_trigger;
   return d;
 }
 
@@ -244,11 +243,6 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
     plan.scratch.hn = Align256(rows * d.np * d.g4 * sizeof(float));
     plan.real_shape_kernels = tuning.real_shape_kernels && HcFastRealShape::Matches(d, plan.cluster);
     if (plan.real_shape_kernels) LimitKernelsAhead(plan, caps, tuning.kernels_ahead);
-    if (plan.real_shape_kernels && tuning.prefetch_late && plan.use_pdl && plan.stage2_ctas > plan.stage1_ctas) {
-      plan.cluster_dims.late_from = plan.stage1_ctas;
-    }
-    plan.stage1_shared_bytes = std::max(plan.stage1_shared_bytes, static_cast<size_t>(RoundUp(tuning.stage1_min_shared, 128)));
-    plan.stage2_shared_bytes = std::max(plan.stage2_shared_bytes, static_cast<size_t>(RoundUp(tuning.stage2_min_shared, 128)));
   }
   plan.scratch.total = plan.scratch.hn + Align256(rows * params.width() * 2);
 

@@ -80,20 +80,6 @@ struct HcFastTuning {
   // registers where the generic ones take 62, so without a limit 3 kernels wait ahead instead of 2,
   // and the chain is slower: measured on the H200 (bench/README.md, issue 15), 1 ahead is fastest.
   int64_t kernels_ahead = 1;
-  // cluster design: stage 1 lets stage 2 launch only once its own weight tile has landed (constant
-  // weights), instead of at its start, so that after a kernel that does not trigger early (a sublayer
-  // between blocks) stage 2's weight prefetch does not share the memory bandwidth with stage 1's
-  // (same bits; HCFUSE_FAST_LATE_TRIGGER)
-  bool late_trigger = false;
-  // cluster design: at least this much dynamic shared memory per stage 1 / stage 2 CTA (0: none), a
-  // placement experiment (bytes decide how many CTAs of which kernels share an SM; same bits;
-  // HCFUSE_FAST_SMEM1 / HCFUSE_FAST_SMEM2)
-  int64_t stage1_min_shared = 0;
-  int64_t stage2_min_shared = 0;
-  // with the real shape's padded kernels: stage 2's CTAs past stage 1's count (those that find no room
-  // next to stage 1 and start only when its CTAs exit) have their weight tiles prefetched into L2 by the
-  // others at their start (same bits; HCFUSE_FAST_PREFETCH_LATE)
-  bool prefetch_late = false;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };
@@ -130,8 +116,6 @@ struct HcFastClusterDims {
   int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
   int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
   bool ss_local, hidden_local, has_prologue, batch;
-  bool late_trigger;  // stage 1 releases stage 2 after its weight tile landed (HcFastTuning::late_trigger)
-  int late_from;      // stage 2: CTAs from this one on have their tiles prefetched into L2 by the others (0: none)
   float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
   unsigned long long* timeline;  // the timeline probe's records (HCFUSE_FAST_TIMELINE builds)
   int slot;

@@ -228,15 +228,6 @@ __device__ __forceinline__ void MbarrierExpectBytesCluster(unsigned long long* b
 #endif
 }
 
-// `bytes` (a multiple of 16) from p (16-byte aligned) into L2, by the copy engine, nothing waits on it.
-__device__ __forceinline__ void BulkPrefetchL2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  (void)p, (void)bytes;
-#endif
-}
-
 // Nanoseconds of the GPU's global timer (coarse ticks; for the timeline probe only).
 __device__ __forceinline__ unsigned long long GlobalTimer() {
   unsigned long long t;
