@@ -7,13 +7,10 @@
 All ranges share HcNormInjectKernel (S, hn, inject as a fixed-order dot product per row, post_gate),
 which puts 1, 2 or 4 rows in a block and keeps S in shared memory (cached; from 2048 rows, C = 4 and
 16-byte vectors cp.async-prefetched a row group ahead on a persistent grid) or forms it twice (rows too
-wide), without changing a bit; and, for 16-bit T with C = 4, H a multiple of 32 and R of 8,
-HcUpGateGemmKernel (up, g and pre_output in one tensor-core kernel, 32-, 64- or 128-row tiles by row
-count, same bits; HCFUSE_UP_GATE=0 runs cuBLASLt's up product and the epilogue kernel instead).
+wide), without changing a bit.
 Asserted here: the mid and prefill ranges against hcfuse.reference (real shape on both sides of both
 boundaries, awkward shapes in every range and in both shared-memory modes: rows not a multiple of any
-tile or of the rows per block, H not a multiple of 64 or 32, small R, R not a multiple of the fused
-kernel's K chunk, C = 1, C > 8 (two inject passes)); both up/gate routes against the reference;
+tile or of the rows per block, H not a multiple of 64, small R, C = 1, C > 8 (two inject passes));
 row independence inside each range (across both modes in the prefill range) and determinism;
 streams_out and post_gate identical across ranges. The real shape's row independence for 1 ... 1000
 rows is asserted in tests/test_kernels_cuda.py. Bounds are that module's.
@@ -28,8 +25,7 @@ from hcfuse.models.hc_block import make_fused_node_model, random_activations, ra
 from tests._compare import assert_bitwise_equal, run_bound
 from tests._cuda import cuda_session
 from tests import test_kernels_cuda
-from tests.test_kernels_cuda import (BF16, DTYPE_IDS, DTYPES, OUTPUT_NAMES, QWEN, QWEN_ATTRS, _check, _reference,
-                                     _require_dtype)
+from tests.test_kernels_cuda import DTYPE_IDS, DTYPES, QWEN, QWEN_ATTRS, _check, _reference, _require_dtype
 
 pytestmark = pytest.mark.cuda
 
@@ -106,12 +102,8 @@ def test_prefill_row_independence_and_determinism(hcfuse_lib, monkeypatch, dtype
 
 # (C, H, R): K = C*H not split (300), split 4 / 10 (2560), C = 1, C > 8 (two inject passes), H = 129;
 # C = 4 with 16-byte vectors (the fixed-C norm kernel, prefetched from 2048 rows): (4, 640, 64),
-# (4, 96, 16) and (4, 160, 24) (R not a multiple of 16). The fused up/gate kernel (16-bit T, C = 4, H a
-# multiple of 32, R of 8) runs (4, 640, 64), (4, 96, 16) (one K chunk of 64, 48 of it zeros), (4, 160, 24),
-# (4, 32, 8) (one feature tile, R = 8) and (4, 64, 72) (a second K chunk holding 8 k); (4, 129, 512) and
-# (4, 40, 16) (H not a multiple of 32) fall back to cuBLASLt's product and the epilogue kernel.
-AWKWARD_SHAPES = [(3, 100, 24), (4, 640, 64), (1, 72, 8), (10, 40, 16), (4, 129, 512), (4, 96, 16), (4, 160, 24),
-                  (4, 32, 8), (4, 64, 72), (4, 40, 16)]
+# (4, 96, 16) and (4, 160, 24) (R not a multiple of 16)
+AWKWARD_SHAPES = [(3, 100, 24), (4, 640, 64), (1, 72, 8), (10, 40, 16), (4, 129, 512), (4, 96, 16), (4, 160, 24)]
 # (leading dims, rows alone): one count per range, none a multiple of 64, and a batch inside the range;
 # "long" runs the prefetching norm kernel (2100 rows) and compares with 1030 rows alone (cached)
 AWKWARD_ROWS = {"few": ((5, 40), 130), "mid": ((3, 101), 257), "prefill": ((5, 206), 1024),
@@ -181,83 +173,3 @@ def test_rows_too_wide_for_the_norm_cache(hcfuse_lib, monkeypatch, rng, dtype, C
     alone = run_bound(session, {**{k: v[3:4] for k, v in feeds.items()}, **weights}, device="cuda")
     for name, value in alone.items():
         assert_bitwise_equal(value, got[name][3:4], f"wide rows C={C} H={H}: row 3 alone vs among 5: {name}")
-
-
-def _up_gate_session(model, hcfuse_lib, monkeypatch, fused: bool):
-    """A general-path session with HCFUSE_UP_GATE (read when the kernel is created) set to 1 or 0."""
-    monkeypatch.setenv("HCFUSE_UP_GATE", "1" if fused else "0")
-    try:
-        return cuda_session(model, hcfuse_lib, "general", monkeypatch)
-    finally:
-        monkeypatch.delenv("HCFUSE_UP_GATE", raising=False)
-
-
-@pytest.mark.parametrize("rows", [100, 300, 1030])
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_up_gate_routes_against_the_reference(hcfuse_lib, monkeypatch, dtype, rows):
-    """The fused up/gate kernel (32-, 64- and 128-row tiles: the few-row, mid and prefill ranges) and
-    HCFUSE_UP_GATE=0 (cuBLASLt's up product and the epilogue kernel) on the real shape: both against the
-    reference; streams_out and post_gate (the norm kernel's) the same bits either way; float32 never runs
-    the fused kernel, so there every output is the same bits; each route is deterministic."""
-    _require_dtype(dtype)
-    model, feeds, weights = _real_shape(dtype, rows, 16)
-    sample = _sample(rows)
-    ref = _reference({k: v[sample] for k, v in feeds.items()}, weights, QWEN["C"], **QWEN_ATTRS)
-    got = {}
-    for fused in (True, False):
-        session = _up_gate_session(model, hcfuse_lib, monkeypatch, fused)
-        got[fused] = run_bound(session, {**feeds, **weights}, device="cuda")
-        again = run_bound(session, {**feeds, **weights}, device="cuda")
-        for name, value in again.items():
-            assert_bitwise_equal(value, got[fused][name], f"fused={fused} rows={rows}: determinism of {name}")
-        _check(got[fused], ref, dtype, f"up/gate fused={fused} rows={rows}", f"prefill up-gate fused={fused} {dtype.name}",
-               rows=sample)
-    for name in ("streams_out", "post_gate") if dtype.itemsize == 2 else OUTPUT_NAMES:
-        assert_bitwise_equal(got[True][name], got[False][name], f"rows={rows}: {name} of the two up/gate routes")
-
-
-# per range: (rows of the full batch, [lo, hi) batches inside the range): the tile heights 32 / 64 / 128
-UP_GATE_BATCHES = {"few": (255, [(0, 1), (254, 255), (5, 42), (17, 255)]),
-                   "mid": (1000, [(0, 256), (3, 303), (100, 1000), (999 - 700, 999)]),
-                   "prefill": (1500, [(0, 1024), (476, 1500), (33, 1100)])}
-
-
-@pytest.mark.parametrize("rows_range", list(UP_GATE_BATCHES))
-@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=["fp16", "bf16"])
-def test_up_gate_row_independence(hcfuse_lib, monkeypatch, rng, dtype, rows_range):
-    """A shape the fused kernel runs with a partial feature tile count (H = 96: 3 tiles) and two K chunks
-    (R = 104): a row gives the same bits alone, at either end of a batch and in batches that are no
-    multiple of the range's tile height, against the reference."""
-    _require_dtype(dtype)
-    C, H, R = 4, 96, 104
-    rows, batches = UP_GATE_BATCHES[rows_range]
-    weights = random_weights(C, H, R, dtype, rng)
-    feeds = random_activations((rows,), C, H, dtype, rng, prologue=True)
-    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True)
-    session = _up_gate_session(model, hcfuse_lib, monkeypatch, True)
-    full = run_bound(session, {**feeds, **weights}, device="cuda")
-    _check(full, _reference(feeds, weights, C), dtype, f"C={C} H={H} R={R} {rows} rows",
-           f"prefill up-gate {rows_range} {dtype.name}")
-    for lo, hi in batches:
-        for name, value in run_bound(session, {**{k: v[lo:hi] for k, v in feeds.items()}, **weights},
-                                     device="cuda").items():
-            assert_bitwise_equal(value, full[name][lo:hi], f"rows [{lo}, {hi}) alone vs in {rows}: {name}")
-
-
-def test_bad_up_gate_value_fails_session_creation(hcfuse_lib, monkeypatch):
-    model = make_fused_node_model(C=2, H=8, R=4, dtype=np.float32)
-    monkeypatch.setenv("HCFUSE_UP_GATE", "yes")
-    with pytest.raises(Exception, match="HCFUSE_UP_GATE must be 0 or 1; got 'yes'"):
-        cuda_session(model, hcfuse_lib, None, monkeypatch)
-
-
-@pytest.mark.parametrize("fused,expected", [("1", "HcUpGateGemmKernel"), ("0", "cuBLASLt up")])
-def test_up_gate_route_in_debug_output(hcfuse_lib, monkeypatch, capfd, fused, expected):
-    """HCFUSE_DEBUG=1 names the up/gate route the general path took."""
-    _require_dtype(BF16)
-    model, feeds, weights = _real_shape(BF16, 300, 17)
-    monkeypatch.setenv("HCFUSE_DEBUG", "1")
-    monkeypatch.setenv("HCFUSE_UP_GATE", fused)
-    run_bound(cuda_session(model, hcfuse_lib, "general", monkeypatch), {**feeds, **weights}, device="cuda")
-    err = capfd.readouterr().err
-    assert "general path (mid range)" in err and expected in err, err

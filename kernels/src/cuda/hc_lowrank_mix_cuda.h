@@ -55,17 +55,9 @@ size_t HcGeneralScratchBytes(const HcLowRankMixParams& params, size_t element_si
 // `stream`; the K split and pinned algorithms depend on the row range (few rows / prefill, hc_gemm.h).
 // Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes.
 // T is float, __half or __nv_bfloat16. Never throws and never synchronizes.
-// Route choices of the general path (HCFUSE_UP_GATE, tests and benchmarks). fused_up_gate: 16-bit T
-// with C = 4 runs HcUpGateGemmKernel instead of cuBLASLt's up product and the epilogue kernel (up's
-// accumulation order differs, so pre_output's last bits may).
-struct HcGeneralOptions {
-  bool fused_up_gate = true;
-};
-
 template <typename T>
 HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
-                               HcLtGemm& gemm, cudaStream_t stream, bool debug,
-                               const HcGeneralOptions& options = {});
+                               HcLtGemm& gemm, cudaStream_t stream, bool debug);
 
 }  // namespace cuda
 }  // namespace hcfuse

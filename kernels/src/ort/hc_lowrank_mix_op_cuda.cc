@@ -113,20 +113,6 @@ HcFastTuning ReadFastTuning() {
   return tuning;
 }
 
-// HCFUSE_UP_GATE=0 runs cuBLASLt's up product and the epilogue kernel where the fused up/gate kernel
-// would run (1, the default: the fused kernel; last bits of pre_output may change): tests and benchmarks.
-cuda::HcGeneralOptions ReadGeneralOptions() {
-  cuda::HcGeneralOptions options;
-  if (const char* value = std::getenv("HCFUSE_UP_GATE"); value != nullptr && *value != '\0') {
-    if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
-      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_UP_GATE must be 0 or 1; got '" + value + "'",
-                           ORT_INVALID_ARGUMENT);
-    }
-    options.fused_up_gate = *value == '1';
-  }
-  return options;
-}
-
 bool ReadDebugFlag() {
   const char* value = std::getenv("HCFUSE_DEBUG");
   return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
@@ -192,7 +178,6 @@ class CudaProvider {
       : forced_(ReadForcedPath()),
         debug_(ReadDebugFlag()),
         tuning_(ReadFastTuning()),
-        general_(ReadGeneralOptions()),
         gemm_(debug_) {
     weights_constant_ = WeightsAreConstant(api, info);
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
@@ -237,7 +222,7 @@ class CudaProvider {
 
   Ort::Status RunGeneral(OrtKernelContext* ctx, const HcLowRankMixParams& p, const Args& t, cudaStream_t stream) {
     Scratch scratch = AllocateScratch(ctx, device_, cuda::HcGeneralScratchBytes(p, sizeof(CT)));
-    const cuda::HcLaunchStatus s = cuda::LaunchHcGeneral<CT>(p, t, scratch.get(), gemm_, stream, debug_, general_);
+    const cuda::HcLaunchStatus s = cuda::LaunchHcGeneral<CT>(p, t, scratch.get(), gemm_, stream, debug_);
     return s.ok() ? Ort::Status{nullptr} : LaunchFailure("LaunchHcGeneral", s.Message());
   }
 
@@ -260,7 +245,6 @@ class CudaProvider {
   const PathChoice forced_;
   const bool debug_;
   const HcFastTuning tuning_;
-  const cuda::HcGeneralOptions general_;
   bool weights_constant_ = false;
   int device_ = 0;
   HcDeviceCaps caps_;
