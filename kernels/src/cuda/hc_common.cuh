@@ -41,6 +41,20 @@ __device__ __forceinline__ float RoundToT(float v) { return ToFloat<T>(FromFloat
 // whenever expf and NumPy's exp agree.
 __device__ __forceinline__ float Sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 
+// Sigmoid(x), the same bits, for x >= kSigmoidInRangeMin (+inf included; not NaN) without the IEEE
+// division's branch to its slow path: d = 1 + expf(-x) lies in [1, 2^126), where __fdiv_rn(1, d) is its
+// fast path, rcp.approx and the Newton steps written here (the instructions nvcc emits for it). Straight-
+// line code, so a thread's sigmoids interleave. Checked bitwise against Sigmoid for every float16 and
+// bfloat16 x in range (tests/test_sigmoid_cuda.py).
+constexpr float kSigmoidInRangeMin = -87.0f;
+__device__ __forceinline__ float SigmoidInRange(float x) {
+  const float d = __fadd_rn(1.0f, expf(-x));
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+  return __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+}
+
 // The per-element formulas of SPEC.md in fp32, written without contraction (the __f*_rn
 // intrinsics) so both CUDA paths compute what hcfuse.reference computes in NumPy fp32.
 // Prologue: S = streams + prev_post_gate[c] * prev_block_output[h], rounded once by the caller.

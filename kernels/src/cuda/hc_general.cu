@@ -477,7 +477,10 @@ struct EpilogueArgs {
 };
 
 // pre_output[row, h] = reduction_scale * sum_c hn[row, c, h] * g[row, c, h] (c in order), with
-// g = sigmoid(up) rounded. (post_gate comes from HcNormInjectKernel.)
+// g = sigmoid(up) rounded. (post_gate comes from HcNormInjectKernel.) In 16-bit T a branch's VEC sigmoids
+// take SigmoidInRange where all VEC up allow it: the same bits as Sigmoid, without a branch per element
+// around the division's slow path (measured on an H200, real shape, bf16, ncu: 67.5 -> 56.2 us at 4096
+// rows, 19.7 -> 16.7 at 1024, 8.3 -> 7.2 at 256).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(EpilogueArgs<T> a) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -494,10 +497,22 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(Epil
     for (int64_t c = 0; c < a.C; ++c) {  // unrolled: the branches' loads are issued together
       const Vec<T, VEC> hn = LoadVec<T, VEC>(a.hn + row * width + c * a.H + h);
       const Vec<T, VEC> up = LoadVec<T, VEC>(a.up + row * width + c * a.H + h);
+      // then the VEC sigmoids are straight-line code (SigmoidInRange: the same bits, checked for 16-bit x)
+      bool in_range = sizeof(T) == 2;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float g = RoundToT<T>(Sigmoid(ToFloat(up.v[j])));  // rounding point: g
-        acc[j] = MulAdd(ToFloat(hn.v[j]), g, acc[j]);
+      for (int j = 0; j < VEC; ++j) in_range &= ToFloat(up.v[j]) >= kSigmoidInRangeMin;
+      if (in_range) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float g = RoundToT<T>(SigmoidInRange(ToFloat(up.v[j])));  // rounding point: g
+          acc[j] = MulAdd(ToFloat(hn.v[j]), g, acc[j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float g = RoundToT<T>(Sigmoid(ToFloat(up.v[j])));  // rounding point: g
+          acc[j] = MulAdd(ToFloat(hn.v[j]), g, acc[j]);
+        }
       }
     }
     Vec<T, VEC> out;
