@@ -24,7 +24,7 @@ stamp built
 
 # 1. every CUDA test
 timeout "$(cap 170)" python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_cuda.py tests/test_fast_path_cuda.py \
-  tests/test_prefill_cuda.py > "$out/tests.log" 2>&1
+  tests/test_prefill_cuda.py tests/test_sigmoid_cuda.py > "$out/tests.log" 2>&1
 stamp "tests: $(tail -1 "$out/tests.log")"
 grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
 
@@ -40,10 +40,11 @@ timeout "$(cap 140)" python3 bench/bench_decode.py --out "$out/prefill" --rows 2
 stamp prefill
 grep -E "^\| (bf16|fp16|fp32)" "$out/prefill.log" | sort -u -t'|' -k2,2 -k3,3n
 
-# 4. compute-sanitizer (SANITIZE_FAST: fast-path tests; SANITIZE_GENERAL: general-path tests)
+# 4. compute-sanitizer (SANITIZE_FAST: fast-path tests; SANITIZE_GENERAL: general-path tests; FAST_TOOLS: the
+# tools run over the fast path's tests, all three by default, none when empty)
 fast_tests=${SANITIZE_FAST:-(small_shapes and 7) or (real_shape_matches_reference and prologue-3-bf16)}
 general_tests=${SANITIZE_GENERAL:-awkward and bf16 and (4-129-512 or 4-96-16)}  # every row range, both norm modes
-for tool in memcheck racecheck synccheck; do
+for tool in ${FAST_TOOLS-memcheck racecheck synccheck}; do
   timeout "$(cap 35)" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_fast_path_cuda.py -k "$fast_tests" > "$out/sanitize_fast_$tool.log" 2>&1
   stamp "$tool fast path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_fast_$tool.log" | tail -1) $(tail -1 "$out/sanitize_fast_$tool.log")"
