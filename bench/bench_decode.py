@@ -132,8 +132,6 @@ class ChainRunner:
                 env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1" if design == "batched" else "0")
             elif design == "generic":  # the generic kernels where the real shape's would run
                 env["HCFUSE_FAST_REAL_SHAPE"] = "0"
-            elif design == "raw":  # stage 1's products unreduced (HCFUSE_FAST_RAW_ROWS, same bits)
-                env["HCFUSE_FAST_RAW_ROWS"] = "16"
             elif design.startswith("ahead"):  # aheadN: at most N kernels wait next to a running one (0: any)
                 env["HCFUSE_FAST_AHEAD"] = design[len("ahead"):]
             elif design:

@@ -113,8 +113,7 @@ struct Config {
   HcFastDesign design;
   bool bulk;
   bool pdl = true;
-  int ahead = -1;     // HcFastTuning::kernels_ahead (-1: HCFUSE_FAST_AHEAD or the default)
-  int raw_rows = 0;   // HcFastTuning::raw_partials_max_rows
+  int ahead = -1;  // HcFastTuning::kernels_ahead (-1: HCFUSE_FAST_AHEAD or the default)
 };
 
 void CheckCublas(cublasStatus_t s) {
@@ -156,7 +155,6 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
     if (const char* ahead = std::getenv("HCFUSE_FAST_AHEAD")) tuning.kernels_ahead = std::atoi(ahead);
     if (cfg.ahead >= 0) tuning.kernels_ahead = cfg.ahead;
-    tuning.raw_partials_max_rows = cfg.raw_rows;
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
@@ -406,13 +404,10 @@ int main(int argc, char** argv) {
       c.sub_out.push_back(y);
     }
   }
-  for (const HcFastDesign design : {HcFastDesign::kCluster, HcFastDesign::kPlain}) {  // scratch for any config
+  for (const HcFastDesign design : {HcFastDesign::kCluster, HcFastDesign::kPlain}) {  // scratch for either design
     hcfuse::HcFastTuning tuning;
     tuning.design = design;
     c.scratch_bytes = std::max(c.scratch_bytes, Plan(Params(max_rows, true), c.caps, tuning, true).scratch.total);
-    tuning.raw_partials_max_rows = 16;  // cluster+raw: 8x the partials, up to 16 rows
-    const int raw_rows = std::min(max_rows, 16);
-    c.scratch_bytes = std::max(c.scratch_bytes, Plan(Params(raw_rows, true), c.caps, tuning, true).scratch.total);
   }
   CK(cudaMalloc(&c.scratch, c.scratch_bytes));
   unsigned long long* timeline = nullptr;
@@ -425,7 +420,6 @@ int main(int argc, char** argv) {
     c.rows = rows;
     const Config all_configs[] = {{"cluster", HcFastDesign::kCluster, false},
                                   {"cluster+ahead0", HcFastDesign::kCluster, false, true, 0},
-                                  {"cluster+raw", HcFastDesign::kCluster, false, true, -1, 16},
                                   {"plain", HcFastDesign::kPlain, false},
                                   {"plain+bulk", HcFastDesign::kPlain, true},
                                   {"plain+bulk-nopdl", HcFastDesign::kPlain, true, false}};

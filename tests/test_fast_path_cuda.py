@@ -266,17 +266,7 @@ def test_kernels_ahead_gives_the_same_bits(fast_session, rng, monkeypatch, dtype
     _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_AHEAD", "0", "1")
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@SAME_BITS_CASES
-def test_raw_partials_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows):
-    """HCFUSE_FAST_RAW_ROWS=16 (stage 1 writes its products unreduced, stage 2 adds the ranks of a group
-    in rank order, then the groups: the cluster sums' order) gives the default's bits; 33 rows take two
-    passes, so the cluster sums again."""
-    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_RAW_ROWS", "0", "16")
-
-
 @pytest.mark.parametrize("name,value,message", [
-    ("HCFUSE_FAST_RAW_ROWS", "-1", "HCFUSE_FAST_RAW_ROWS must be an integer >= 0"),
     ("HCFUSE_FAST_SS_LOCAL_ROWS", "many", "HCFUSE_FAST_SS_LOCAL_ROWS must be an integer >= 0"),
     ("HCFUSE_FAST_AHEAD", "-1", "HCFUSE_FAST_AHEAD must be an integer >= 0"),
     ("HCFUSE_FAST_REAL_SHAPE", "2", "HCFUSE_FAST_REAL_SHAPE must be 0 or 1"),

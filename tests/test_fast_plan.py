@@ -254,21 +254,3 @@ def test_unknown_shared_memory_figures_pad_nothing(plan):
     p = plan(rows=1)  # the probe's default device leaves them 0, as a device that does not report them
     assert p["real_shape_kernels"] is True
     assert (p["stage1_shared_bytes"], p["stage2_shared_bytes"]) == (stage1_bytes(1), stage2_bytes(1))
-
-
-@pytest.mark.parametrize("rows,raw", [(1, True), (4, True), (16, True), (17, False)])
-def test_raw_partials_up_to_raw_rows_in_one_pass(plan, rows, raw):
-    """raw=N: up to N rows (at most one pass of 16) stage 1 writes every CTA's products unreduced, one
-    float per (row, column, group, rank): 8x the partials of the cluster sums (16 groups x 8 ranks
-    instead of 16 groups); more rows keep the cluster sums."""
-    p = plan(rows=rows, raw=64, forced=1)
-    assert p["ok"] and p["raw_partials"] is raw
-    per_value = 16 * 8 if raw else 16
-    assert p["scratch"]["hn"] == align256(rows * 324 * per_value * 4)
-    assert p["scratch"]["total"] == p["scratch"]["hn"] + rows * 10240 * 2
-
-
-def test_raw_partials_are_off_by_default_and_without_clusters(plan):
-    assert plan()["raw_partials"] is False
-    no_clusters = plan(raw=16, sm=80)
-    assert no_clusters["cluster"] == 1 and no_clusters["raw_partials"] is False

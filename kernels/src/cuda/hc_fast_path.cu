@@ -13,9 +13,6 @@
 //   down / inject from the partials (groups in order), ScaledSiLU (all of R, or one slice per cluster
 //   rank pushed to its peers), up = hidden @ up_weight for its C*hs columns, g, pre-mix; CTA 0 also
 //   computes post_gate.
-// Raw partials (HcFastPlan::raw_partials, up to HcFastTuning::raw_partials_max_rows rows; the RAW
-// instances of both kernels): stage 1 stores every CTA's products unreduced, [row][column][group][rank],
-// with no exchange and no cluster barrier after them; stage 2 adds a group's ranks, then the groups.
 // Every sum has one fixed order whatever the row count and the tuning: a part of a sum of squares is
 // lane-strided then a butterfly, parts in order; partials are added rank by rank, then group by group;
 // an mma tile's rows never mix. So results are deterministic and row independent.
@@ -72,7 +69,7 @@ struct RealShapeDims : FastDims {
 // trip instead of one per 128 features: 3 at H = 2560), and streams_out / hn_out are stored after the
 // pass's last cluster barrier (its release is a GPU-scope MEMBAR in SASS that waits for every global
 // store still in flight).
-template <typename T, int CL, bool PRO, bool BATCH, bool RAW, typename D>
+template <typename T, int CL, bool PRO, bool BATCH, typename D>
 __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d, float* __restrict__ partials,
                                            T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -255,56 +252,35 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
       } else {
         WarpMma<T, 4, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
       }
-      if constexpr (RAW) {  // the products as they are, to [row][column][group][rank] (stage 2 adds them)
-        float* raw = partials + group * CL + rank;
+      // per1 is a whole number of tiles, so a tile has one owner: one address per tile and one 8-byte
+      // store per row (a lane's two adjacent columns). The padding columns past np go along (zeros,
+      // inside the owner's per1 columns, never read).
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (n0[u] < 0) continue;
+      for (int u = 0; u < 4; ++u) {
+        if (n0[u] < 0) continue;
+        const int owner = n0[u] / d.per1;
+        float* dst = red + rank * d.rt * d.per1 + n0[u] - owner * d.per1 + (lane & 3) * 2;
+        if constexpr (CL > 1) dst = PeerShared(dst, owner);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = (lane >> 2) + (e >> 1) * 8, c = n0[u] + (lane & 3) * 2 + (e & 1);
-            if (i < nr && c < d.np) raw[(static_cast<size_t>(r0 + i) * d.np + c) * (d.groups * CL)] = acc[u][e];
-          }
-        }
-      } else {
-        // per1 is a whole number of tiles, so a tile has one owner: one address per tile and one 8-byte
-        // store per row (a lane's two adjacent columns). The padding columns past np go along (zeros,
-        // inside the owner's per1 columns, never read).
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (n0[u] < 0) continue;
-          const int owner = n0[u] / d.per1;
-          float* dst = red + rank * d.rt * d.per1 + n0[u] - owner * d.per1 + (lane & 3) * 2;
-          if constexpr (CL > 1) dst = PeerShared(dst, owner);
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int i = (lane >> 2) + half * 8;
-            if (i < nr) *reinterpret_cast<float2*>(dst + i * d.per1) = make_float2(acc[u][2 * half], acc[u][2 * half + 1]);
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int i = (lane >> 2) + half * 8;
+          if (i < nr) *reinterpret_cast<float2*>(dst + i * d.per1) = make_float2(acc[u][2 * half], acc[u][2 * half + 1]);
         }
       }
     }
-    if constexpr (RAW) {
-      // Raw partials need no exchange; no peer touches this CTA's shared memory after the part sums'
-      // barrier, so it may exit. (The plan runs raw partials in one pass only.)
-      if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase4);  // products stored
+    // A cluster barrier, not st.async counted on the owner's mbarrier: measured on the H200 (bench/README.md,
+    // issue 15) that made the phase after it (rank sums, stores, exit) 0.9 us longer in bf16.
+    if constexpr (CL > 1) {
+      ClusterSync();  // every rank's share of this rank's columns has arrived
     } else {
-      // A cluster barrier, not st.async counted on the owner's mbarrier: measured on the H200
-      // (bench/README.md, issue 15) that made the phase after it (rank sums, stores, exit) 0.9 us
-      // longer in bf16.
-      if constexpr (CL > 1) {
-        ClusterSync();  // every rank's share of this rank's columns has arrived
-      } else {
-        __syncthreads();
-      }
-      if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase4);  // products exchanged
+      __syncthreads();
+    }
+    if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase4);  // products exchanged
 
-      // D: this rank's columns summed over the ranks in order -> the cluster's partial.
-      for (int idx = tid; idx < nr * c_len; idx += blockDim.x) {
-        const int i = idx / c_len, c = idx % c_len;
-        partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] =
-            SumRanks<CL>(red, d.rt, d.per1, i, c);
-      }
+    // D: this rank's columns summed over the ranks in order -> the cluster's partial.
+    for (int idx = tid; idx < nr * c_len; idx += blockDim.x) {
+      const int i = idx / c_len, c = idx % c_len;
+      partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = SumRanks<CL>(red, d.rt, d.per1, i, c);
     }
     if constexpr (BATCH) {
       // streams_out and hn_out of the slice from shared memory (8-byte stores: K, k0 and q are
@@ -327,68 +303,31 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
   TimelineEndOfCta(d.timeline, d.slot);
 }
 
-// RAW: raw partials (HcFastClusterDims::raw, the plan's choice; their own kernels, so that the default ones
-// keep their code and registers).
-template <typename T, int CL, bool PRO, typename D = FastDims, bool RAW = false>
+template <typename T, int CL, bool PRO, typename D = FastDims>
 __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     HcFastArgs<T> args, D d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
-  Stage1Body<T, CL, PRO, false, RAW>(args, d, partials, hn_out, weights_are_constant);
+  Stage1Body<T, CL, PRO, false>(args, d, partials, hn_out, weights_are_constant);
 }
 
 // The batched variant (its own name in profiles). It takes 68 registers in bf16 with the prologue (the
 // default 56, with a spill): stage 1 + stage 2 + the next stage 1 then no longer fit the SM's 64K
 // registers at once (one kernel ahead instead of two). fp16's default stage 1 already takes 72 and is
 // the faster one; capping at 56 (__maxnreg__) spills 240 bytes, reloaded after cluster barriers.
-template <typename T, int CL, bool PRO, typename D = FastDims, bool RAW = false>
+template <typename T, int CL, bool PRO, typename D = FastDims>
 __global__ void __launch_bounds__(kStage1Threads) HcFastStage1BatchedKernel(
     HcFastArgs<T> args, D d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
-  Stage1Body<T, CL, PRO, true, RAW>(args, d, partials, hn_out, weights_are_constant);
+  Stage1Body<T, CL, PRO, true>(args, d, partials, hn_out, weights_are_constant);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Stage 2.
-// Raw partials ([row][column][group][rank], HcFastClusterDims::raw): gsum[(i * items + col) * groups + g]
-// = the ranks of group g of item col (partial column item_column(col)) of pass row i, added in rank
-// order from 0 (SumRanks' sum): one thread per sum, kRawBatch sums of a thread with their loads in flight
-// together.
-template <int CL, typename D, typename Column>
-__device__ __forceinline__ void RawGroupSums(const float* __restrict__ partials, const D& d, int r0, int nr,
-                                             int items, Column item_column, float* gsum) {
-  static_assert(CL % 4 == 0, "a group's ranks load as 16-byte vectors");
-  constexpr int kRawBatch = 4;
-  const int tasks = nr * items * d.groups, step = static_cast<int>(blockDim.x);
-  for (int base = threadIdx.x; base < tasks; base += kRawBatch * step) {
-    float4 v[kRawBatch][CL / 4];
-#pragma unroll
-    for (int b = 0; b < kRawBatch; ++b) {
-      const int task = min(base + b * step, tasks - 1);  // past the end: loaded, never stored
-      const size_t at = static_cast<size_t>(r0 + task / (items * d.groups)) * d.np + item_column(task / d.groups % items);
-      const float4* p = reinterpret_cast<const float4*>(partials + (at * d.groups + task % d.groups) * CL);
-#pragma unroll
-      for (int r = 0; r < CL / 4; ++r) v[b][r] = __ldg(p + r);
-    }
-#pragma unroll
-    for (int b = 0; b < kRawBatch; ++b) {
-      float s = 0.0f;
-#pragma unroll
-      for (int r = 0; r < CL / 4; ++r) {
-        s += v[b][r].x;
-        s += v[b][r].y;
-        s += v[b][r].z;
-        s += v[b][r].w;
-      }
-      if (base + b * step < tasks) gsum[base + b * step] = s;
-    }
-  }
-}
-
-template <typename T, int CL, typename D = FastDims, bool RAW = false>
+template <typename T, int CL, typename D = FastDims>
 __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     HcFastArgs<T> args, D d, const float* __restrict__ partials, const T* __restrict__ hn_in,
     bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   TimelineMark(d.timeline, d.slot + 1, kTimelineStart);
-  const Stage2Layout layout(d, RAW);
+  const Stage2Layout layout(d);
   T* tile = reinterpret_cast<T*>(smem + layout.tile);
   T* a_tile = reinterpret_cast<T*>(smem + layout.a);
   T* hn_s = reinterpret_cast<T*>(smem + layout.hn);
@@ -457,27 +396,12 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       copy_piece(hn_s + i * d.n2 + c * d.hs + j, hn_in + static_cast<size_t>(r0 + i) * d.K + c * d.H + h0 + j);
     }
     CpAsyncCommit();
-    // The partial column of item `col`: this CTA's share of R, then (CTA 0) the inject columns.
-    auto item_column = [&](int col) { return col < r_len ? r_begin + col : d.R + (col - r_len); };
-    if constexpr (RAW) {
-      RawGroupSums<CL>(partials, d, r0, nr, items, item_column, reinterpret_cast<float*>(smem + layout.gsum));
-      __syncthreads();
-    }
     // down -> hidden for this CTA's share of R (rounding points: down, Z, SG, hidden), and (CTA 0)
-    // inject -> post_gate (rounding points: inject, post_gate). The group sums are added in group order,
-    // from the partials or (raw) from gsum: the same sum.
+    // inject -> post_gate (rounding points: inject, post_gate).
     for (int idx = tid; idx < nr * items; idx += blockDim.x) {
       const int i = idx / items, col = idx % items;
-      const int n = item_column(col);
-      const size_t at = static_cast<size_t>(r0 + i) * d.np + n;
-      float sum = 0.0f;
-      if constexpr (RAW) {
-        const float* gsum = reinterpret_cast<const float*>(smem + layout.gsum) + idx * d.groups;
-        for (int g = 0; g < d.groups; ++g) sum += gsum[g];
-      } else {
-        sum = SumGroups(partials + at * d.g4, d.groups);
-      }
-      const float v = RoundToT<T>(sum);
+      const int n = col < r_len ? r_begin + col : d.R + (col - r_len);
+      const float v = RoundToT<T>(SumGroups(partials + (static_cast<size_t>(r0 + i) * d.np + n) * d.g4, d.groups));
       if (col < r_len) {
         a_tile[i * d.lda2 + n] = FromFloat<T>(cuda::ScaledSilu<T>(v, d.silu_alpha));
       } else {
@@ -532,19 +456,17 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
 // Host side.
 // Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
-template <typename T, int CL, bool RAW, typename D>
+template <typename T, int CL, typename D>
 cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPlan& plan, const D& d, void* scratch,
                                       cudaStream_t stream, bool weights_are_constant) {
   float* partials = static_cast<float*>(scratch);
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
-  const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D, RAW>
-                                                : HcFastStage1BatchedKernel<T, CL, false, D, RAW>)
-                              : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D, RAW>
-                                                : HcFastStage1Kernel<T, CL, false, D, RAW>);
+  const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
+                              : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
   cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
                            stream, args, d, partials, hn, weights_are_constant);
   if (err != cudaSuccess) return {"stage 1 kernel", err};
-  err = Launch(HcFastStage2Kernel<T, CL, D, RAW>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL,
+  err = Launch(HcFastStage2Kernel<T, CL, D>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL,
                plan.use_pdl, stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn),
                weights_are_constant);
   if (err != cudaSuccess) return {"stage 2 kernel", err};
@@ -556,17 +478,12 @@ template <typename T, int CL>
 cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& plan, void* scratch,
                                   cudaStream_t stream, bool weights_are_constant) {
   const FastDims& d = plan.cluster_dims;
-  // raw partials' kernels (clusters of 4 or 8 only: a group's ranks load as 16-byte vectors)
-  auto with = [&](const auto& dims) {
-    if constexpr (CL % 4 == 0) {
-      if (plan.raw_partials) return LaunchStagesWith<T, CL, true>(args, plan, dims, scratch, stream, weights_are_constant);
-    }
-    return LaunchStagesWith<T, CL, false>(args, plan, dims, scratch, stream, weights_are_constant);
-  };
   if constexpr (CL == 8) {
-    if (plan.real_shape_kernels && HcFastRealShape::Matches(d, CL)) return with(RealShapeDims::From(d));
+    if (plan.real_shape_kernels && HcFastRealShape::Matches(d, CL)) {
+      return LaunchStagesWith<T, CL>(args, plan, RealShapeDims::From(d), scratch, stream, weights_are_constant);
+    }
   }
-  return with(d);
+  return LaunchStagesWith<T, CL>(args, plan, d, scratch, stream, weights_are_constant);
 }
 
 // How many clusters (or CTAs without clusters) of `kernel` the device holds at once, alone.

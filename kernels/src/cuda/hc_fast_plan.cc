@@ -239,9 +239,8 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
     plan.stage1_ctas = d.cpb * d.C;
     plan.stage2_ctas = d.H / d.hs;
     plan.stage1_shared_bytes = HcFastStage1Layout(d, plan.cluster).total;
-    plan.raw_partials = cluster > 1 && params.rows <= std::min(tuning.raw_partials_max_rows, kHcFastRowTile);
-    plan.stage2_shared_bytes = HcFastStage2Layout(d, plan.raw_partials).total;
-    plan.scratch.hn = Align256(rows * d.np * (plan.raw_partials ? d.groups * cluster : d.g4) * sizeof(float));
+    plan.stage2_shared_bytes = HcFastStage2Layout(d).total;
+    plan.scratch.hn = Align256(rows * d.np * d.g4 * sizeof(float));
     plan.real_shape_kernels = tuning.real_shape_kernels && HcFastRealShape::Matches(d, plan.cluster);
     if (plan.real_shape_kernels) LimitKernelsAhead(plan, caps, tuning.kernels_ahead);
   }

@@ -80,12 +80,6 @@ struct HcFastTuning {
   // registers where the generic ones take 62, so without a limit 3 kernels wait ahead instead of 2,
   // and the chain is slower: measured on the H200 (bench/README.md, issue 15), 1 ahead is fastest.
   int64_t kernels_ahead = 1;
-  // cluster design, up to this many rows (at most one pass, kHcFastRowTile): stage 1 writes every CTA's
-  // products to global memory as they are ([row][column][group][rank]) instead of reducing them over
-  // the cluster's ranks through distributed shared memory and a cluster barrier; stage 2 adds the ranks
-  // of a group in rank order, then the groups, the order of SumRanks then SumGroups, so the bits are the
-  // same (HCFUSE_FAST_RAW_ROWS; 0: never)
-  int64_t raw_partials_max_rows = 0;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };
@@ -161,16 +155,14 @@ struct HcFastStage1Layout {
 };
 
 struct HcFastStage2Layout {
-  size_t tile, a, hn, g, gsum, bar, total;
-  template <typename D>  // raw: HcFastPlan::raw_partials (the kernels pass their compile-time flag)
-  HCFUSE_HOST_DEVICE HcFastStage2Layout(const D& d, bool raw) {
+  size_t tile, a, hn, g, bar, total;
+  template <typename D>
+  HCFUSE_HOST_DEVICE explicit HcFastStage2Layout(const D& d) {
     tile = 0;                                         // T [rp][ldu]
     a = tile + size_t{2} * d.rp * d.ldu;              // T [rt + 1][lda2] (last row zero)
     hn = a + size_t{2} * (d.rt + 1) * d.lda2;         // T [rt][n2]
     g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]
-    gsum = g + size_t{4} * d.rt * d.n2;               // f32 [rt][items][groups] (raw partials only)
-    const size_t items = static_cast<size_t>(d.hidden_local ? d.R : d.per2) + d.C;
-    bar = (gsum + (raw ? size_t{4} * d.rt * items * d.groups : 0) + 7) / 8 * 8;  // u64: the hidden exchange's mbarrier
+    bar = (g + size_t{4} * d.rt * d.n2 + 7) / 8 * 8;   // u64: the hidden exchange's mbarrier
     total = bar + 8;
   }
 };
@@ -219,9 +211,6 @@ struct HcFastPlan {
   HcFastClusterDims cluster_dims{};  // the kernels' arguments when design == kCluster
   HcFastPlainDims plain_dims{};      // when design == kPlain
   bool real_shape_kernels = false;   // launch the real shape's kernels (HcFastRealShape)
-  // cluster design: stage 1 writes raw partials, [row][np][groups][cluster] floats, which stage 2 adds
-  // (HcFastTuning::raw_partials_max_rows; their own kernels, the RAW instances)
-  bool raw_partials = false;
 
   bool ok() const { return reason.empty(); }
   size_t shared_memory_bytes() const {

@@ -61,8 +61,7 @@ PathChoice ReadForcedPath() {
 // HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels, HCFUSE_FAST_BULK (0|1) how weight tiles are
 // copied, HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores and
 // HCFUSE_FAST_REAL_SHAPE (0|1) whether the real shape runs its constant-tiling kernels and
-// HCFUSE_FAST_AHEAD how many later kernels may wait next to them, HCFUSE_FAST_RAW_ROWS up to how many
-// rows stage 1 writes its products unreduced (results never change),
+// HCFUSE_FAST_AHEAD how many later kernels may wait next to them (results never change),
 // HCFUSE_FAST_CLUSTER its
 // cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
 // The defaults are HcFastTuning's (batched stage 1 included: measured faster in bf16 and fp16 on the
@@ -72,8 +71,7 @@ HcFastTuning ReadFastTuning() {
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
                              std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
                              std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster},
-                             std::pair{"HCFUSE_FAST_AHEAD", &tuning.kernels_ahead},
-                             std::pair{"HCFUSE_FAST_RAW_ROWS", &tuning.raw_partials_max_rows}}) {
+                             std::pair{"HCFUSE_FAST_AHEAD", &tuning.kernels_ahead}}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
