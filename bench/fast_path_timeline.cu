@@ -123,13 +123,14 @@ void CheckCublas(cublasStatus_t s) {
   }
 }
 
-// The sublayer of block b: sub_out[b] = pre[b] @ sub_weights[b % kSets] (row-major, fp32 compute).
-void EnqueueSublayer(Chain& c, int b, cudaStream_t stream) {
+// The sublayer of block b: sub_out[b] = x @ sub_weights[b % kSets] (row-major, fp32 compute); x is
+// pre[b] in the blocks' chain, sub_out[b - 1] in the MatMuls' own.
+void EnqueueSublayer(Chain& c, int b, const T* x, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
   CheckCublas(cublasSetStream(c.cublas, stream));
-  // column-major view: sub_out^T (H x rows) = W^T (H x H) @ pre^T (H x rows)
+  // column-major view: sub_out^T (H x rows) = W^T (H x H) @ x^T (H x rows)
   CheckCublas(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_N, kH, c.rows, kH, &alpha, c.sub_weights[b % kSets],
-                           CUDA_R_16BF, kH, c.pre[b], CUDA_R_16BF, kH, &beta, c.sub_out[b], CUDA_R_16BF, kH,
+                           CUDA_R_16BF, kH, x, CUDA_R_16BF, kH, &beta, c.sub_out[b], CUDA_R_16BF, kH,
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -159,7 +160,7 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
     CheckLaunch(hcfuse::cuda::LaunchHcFast<T>(p, a, c.scratch, Plan(p, c.caps, tuning, cfg.pdl), stream, true));
-    if (c.sublayer && b + 1 < n) EnqueueSublayer(c, b, stream);
+    if (c.sublayer && b + 1 < n) EnqueueSublayer(c, b, c.pre[b], stream);
   }
 }
 
@@ -168,13 +169,7 @@ cudaGraphExec_t CaptureSublayers(Chain& c, int n, cudaStream_t stream) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int b = 0; b + 1 < n; ++b) {
-    const float alpha = 1.0f, beta = 0.0f;
-    CheckCublas(cublasSetStream(c.cublas, stream));
-    CheckCublas(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_N, kH, c.rows, kH, &alpha, c.sub_weights[b % kSets],
-                             CUDA_R_16BF, kH, b == 0 ? c.pre[0] : c.sub_out[b - 1], CUDA_R_16BF, kH, &beta,
-                             c.sub_out[b], CUDA_R_16BF, kH, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }
+  for (int b = 0; b + 1 < n; ++b) EnqueueSublayer(c, b, b == 0 ? c.pre[0] : c.sub_out[b - 1], stream);
   CK(cudaStreamEndCapture(stream, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
   CK(cudaGraphDestroy(g));

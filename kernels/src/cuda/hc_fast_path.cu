@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <string>
-
 #include <utility>
 
 #include "cuda/hc_common.cuh"
@@ -61,7 +60,6 @@ struct RealShapeDims : FastDims {
     return r;
   }
 };
-
 
 // ------------------------------------------------------------------------------------------------
 // Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue. BATCH

@@ -498,21 +498,20 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(Epil
       const Vec<T, VEC> hn = LoadVec<T, VEC>(a.hn + row * width + c * a.H + h);
       const Vec<T, VEC> up = LoadVec<T, VEC>(a.up + row * width + c * a.H + h);
       // then the VEC sigmoids are straight-line code (SigmoidInRange: the same bits, checked for 16-bit x)
+      auto mix = [&](auto sigmoid) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float g = RoundToT<T>(sigmoid(ToFloat(up.v[j])));  // rounding point: g
+          acc[j] = MulAdd(ToFloat(hn.v[j]), g, acc[j]);
+        }
+      };
       bool in_range = sizeof(T) == 2;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) in_range &= ToFloat(up.v[j]) >= kSigmoidInRangeMin;
       if (in_range) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float g = RoundToT<T>(SigmoidInRange(ToFloat(up.v[j])));  // rounding point: g
-          acc[j] = MulAdd(ToFloat(hn.v[j]), g, acc[j]);
-        }
+        mix([](float x) { return SigmoidInRange(x); });
       } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float g = RoundToT<T>(Sigmoid(ToFloat(up.v[j])));  // rounding point: g
-          acc[j] = MulAdd(ToFloat(hn.v[j]), g, acc[j]);
-        }
+        mix([](float x) { return Sigmoid(x); });
       }
     }
     Vec<T, VEC> out;
