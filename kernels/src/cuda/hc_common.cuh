@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace hcfuse {
 namespace cuda {
@@ -132,6 +133,18 @@ __host__ __device__ inline unsigned AlignmentOf(const void* p) {
   unsigned align = 256;
   while (align > 1 && (a % align) != 0) align >>= 1;
   return align;
+}
+
+// Widest vector (elements of T, 16 bytes at most) every non-null pointer is aligned to and H divides.
+template <typename T>
+int PickVec(int64_t H, std::initializer_list<const void*> pointers) {
+  int vec = static_cast<int>(16 / sizeof(T));
+  for (const void* p : pointers) {
+    if (p == nullptr) continue;
+    while (vec > 1 && AlignmentOf(p) < vec * sizeof(T)) vec /= 2;
+  }
+  while (vec > 1 && H % vec != 0) vec /= 2;
+  return vec;
 }
 
 }  // namespace cuda

@@ -93,6 +93,7 @@ struct HcDeviceCaps {
   // known, then HcFastTuning::kernels_ahead sets no limit)
   int64_t shared_memory_per_sm = 0;
   int64_t reserved_shared_memory_per_block = 0;
+  int sm_count = 0;  // cudaDevAttrMultiProcessorCount (the general path's persistent grids)
 };
 
 // What the plan needs to know of the call besides its shapes.

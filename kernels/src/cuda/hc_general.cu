@@ -1,9 +1,8 @@
 // General CUDA path of HyperConnectionLowRankMix: any C/H/R, any row count, every T.
 //
-//   HcNormInjectKernel  S (prologue), per-branch rms, hn, inject = hn @ inject_weight (a fixed-order
-//                      fp32 dot product per row) and post_gate   -> streams_out, hn (scratch), post_gate;
-//                      S stays in shared memory between its two passes (from 2048 rows cp.async-prefetched
-//                      a row group ahead), so streams and the prologue inputs are read once
+//   LaunchNormInject   S (prologue), per-branch rms, hn, inject = hn @ inject_weight (a fixed-order
+//   (hc_norm_inject.cu) fp32 dot product per row) and post_gate   -> streams_out, hn (scratch), post_gate;
+//                      streams and the prologue inputs are read once
 //   per chunk of at most ChunkRows rows:
 //     GEMM (cuBLASLt, strided-batched)  fp32 partials of down = hn @ down_weight over a fixed number
 //                      of K slices (HcFallbackGemmKernel where cuBLASLt has no algorithm)
@@ -33,13 +32,13 @@
 #include "cuda/hc_common.cuh"
 #include "cuda/hc_gemm.h"
 #include "cuda/hc_lowrank_mix_cuda.h"
+#include "cuda/hc_norm_inject.h"
 #include "cuda/hc_ptx.cuh"
 
 namespace hcfuse {
 namespace cuda {
 namespace {
 
-constexpr int kMaxNormThreads = 256;
 constexpr int kElementwiseThreads = 256;
 // Grid caps: the kernels loop over rows / elements, so any count fits the grid limits.
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
@@ -54,355 +53,6 @@ constexpr int64_t kPartialBudgetBytes = int64_t{64} << 20;
 constexpr size_t kScratchAlign = 256;
 size_t AlignUp(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
-// Inject columns one pass of HcNormInjectKernel accumulates (one pass when C <= 8).
-constexpr int kInjectGroup = 8;
-
-template <typename T>
-struct NormArgs {
-  const T* streams;
-  const T* norm_scale;
-  const T* inject_weight;      // (C*H, C)
-  const T* prev_block_output;  // null without prologue
-  const T* prev_post_gate;
-  T* streams_out;  // null when not requested
-  T* hn;
-  T* post_gate;
-  int64_t rows, C, H;
-  float epsilon, gate_div, gate_mul;
-};
-
-// S = streams + gate * prev for VEC consecutive features, each rounded to T.
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> PrologueVec(Vec<T, VEC> s, float gate, const Vec<T, VEC>& prev) {
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    // rounding point: S
-    s.v[j] = FromFloat<T>(PrologueS(ToFloat(s.v[j]), gate, ToFloat(prev.v[j])));
-  }
-  return s;
-}
-
-// S for VEC consecutive features h of branch c of one row, from global memory.
-template <typename T, int VEC>
-__device__ __forceinline__ Vec<T, VEC> LoadS(const NormArgs<T>& a, int64_t row, int64_t c, int64_t h) {
-  const int64_t width = a.C * a.H;
-  Vec<T, VEC> s = LoadVec<T, VEC>(a.streams + row * width + c * a.H + h);
-  if (a.prev_block_output != nullptr) {
-    s = PrologueVec<T, VEC>(s, ToFloat(a.prev_post_gate[row * a.C + c]),
-                            LoadVec<T, VEC>(a.prev_block_output + row * a.H + h));
-  }
-  return s;
-}
-
-// N block sums at once, each exactly as BlockSum computes it (butterfly in the warp, warp sums added
-// in order), with two barriers for all N. `scratch` holds N * 32 floats; every thread gets the sums.
-template <int N>
-__device__ __forceinline__ void BlockSums(float (&v)[N], float* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int num_warps = blockDim.x >> 5;
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = WarpSum(v[i]);
-  __syncthreads();  // the previous call's readers are done with scratch
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) scratch[i * 32 + warp] = v[i];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    float total = 0.0f;
-    for (int w = 0; w < num_warps; ++w) total += scratch[i * 32 + w];  // same order in every thread
-    v[i] = total;
-  }
-}
-
-// Branches of one pass-1 round of HcNormInjectKernel: one barrier per round.
-constexpr int kBranchGroup = 8;
-
-// Where HcNormInjectKernel's pass 2 gets S (the choice changes no bit: S is formed by the same
-// operations from the same inputs either way):
-//   kFormTwice  forms it again from global memory (rows too wide for shared memory);
-//   kCache      pass 1 keeps S in shared memory;
-//   kPrefetch   cp.async brings the block's NEXT row group (streams, prev_block_output) into the other
-//               of two shared-memory stages while this one is processed, pass 1 forms S in place; the
-//               grid is persistent (at most the resident blocks), so a block has a next group.
-enum NormMode : int { kFormTwice = 0, kCache = 1, kPrefetch = 2 };
-
-// Dynamic shared memory of HcNormInjectKernel: inv_rms [ROWS][C] floats (16-byte aligned), then
-// kCache: S [ROWS][C][H] in T; kPrefetch: two stages of streams/S [ROWS][C][H] and, with the prologue,
-// prev_block_output [ROWS][H], in T.
-__host__ __device__ inline size_t NormInvRmsBytes(int rows_per_block, int64_t C) {
-  return (static_cast<size_t>(rows_per_block * C) * sizeof(float) + 15) / 16 * 16;
-}
-__host__ __device__ inline int64_t NormStageElements(int rows_per_block, int64_t C, int64_t H, bool prologue) {
-  return rows_per_block * (C + (prologue ? 1 : 0)) * H;
-}
-size_t NormSmemBytes(NormMode mode, int rows_per_block, int64_t C, int64_t H, bool prologue, size_t element_size) {
-  const size_t inv = NormInvRmsBytes(rows_per_block, C);
-  if (mode == kCache) return inv + static_cast<size_t>(rows_per_block * C * H) * element_size;
-  if (mode == kPrefetch) return inv + 2 * static_cast<size_t>(NormStageElements(rows_per_block, C, H, prologue)) * element_size;
-  return inv;
-}
-// Largest S cache / prefetch stages a block takes: two blocks (and their static shared memory) fit an
-// sm_90 SM (228 KB), one an sm_80 SM (164 KB). The real shape in 16-bit T: 4 rows cached (80 KB), or
-// 2 rows prefetched with the prologue (2 x 50 KB); in float32 2 rows cached, never prefetched.
-constexpr size_t kMaxNormCacheBytes = 104 * 1024;
-// kPrefetch's rows per block, and the row count from which it runs (LaunchNormInject).
-constexpr int kNormPrefetchRows = 2;
-constexpr int64_t kNormPrefetchMinRows = 2048;
-
-// cp.async of row group `group` into a kPrefetch stage: this thread's own vectors only (the ones its
-// passes read), so only its own wait_group orders them.
-template <typename T, int VEC, int ROWS>
-__device__ __forceinline__ void PrefetchRowGroup(const NormArgs<T>& a, T* stage, int64_t group, int64_t C) {
-  static_assert(VEC * sizeof(T) == 16, "kPrefetch copies 16-byte vectors");
-  const int64_t width = C * a.H;
-  const int64_t step = int64_t{blockDim.x} * VEC;
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int64_t row = std::min(group * ROWS + r, a.rows - 1);
-    for (int64_t c = 0; c < C; ++c) {
-      for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-        ptx::CpAsync<16>(stage + (r * C + c) * a.H + h, a.streams + row * width + c * a.H + h);
-      }
-    }
-    if (a.prev_block_output != nullptr) {
-      for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-        ptx::CpAsync<16>(stage + (ROWS * C + r) * a.H + h, a.prev_block_output + row * a.H + h);
-      }
-    }
-  }
-}
-
-// ROWS consecutive rows per block (row-group-stride loop; a short last group repeats its last row,
-// computed but never stored).
-// Pass 1, per round of kBranchGroup branches: forms S, writes streams_out (and, MODE != kFormTwice, S
-// into shared memory) and sums S^2 per thread and branch (sequential over h, j), then per branch a warp
-// butterfly whose warp sums lane 0 parks in shared memory; after the round's barrier the warp sums are
-// added in warp order (BlockSum's order) into 1 / rms.
-// Pass 2 takes S from shared memory (streams and the prologue inputs are read once; each thread reads
-// back only the elements it wrote, so no barrier guards them) or forms it again (kFormTwice), and writes
-// hn; per thread and branch c, part_c[c'] = sum over its h, j of hn[k] * inject_weight[k, c']
-// (sequential, from 0); inject[c'] = part_0 + part_1 + ... in branch order, then BlockSum's order;
-// post_gate from the rounded inject.
-// CC = C known at compile time (4: the real shape; its inject_weight rows load as 16-byte vectors),
-// or 0 for any C (scalar loads, kInjectGroup columns per pass). Pass 1 loads BR1 branches of ROWS rows
-// before storing any (stores may alias the loads, so the compiler cannot hoist later loads above them),
-// pass 2 BR; two blocks of 256 threads stay resident per SM. ROWS, CC, BR1, BR, MODE and the grid only
-// change how loads are issued and amortized: a row's operations, and so its bits, are the same for
-// every ROWS, CC, MODE, grid and row count.
-template <typename T, int VEC, int ROWS, int CC, int MODE>
-__global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArgs<T> a) {
-  // pass 1: up to 8 S vectors in flight (all 4 branches for 1 and 2 rows a block)
-  constexpr int BR1 = CC > 0 ? (ROWS * CC <= 8 ? CC : (8 / ROWS > 0 ? 8 / ROWS : 1)) : 1;
-  // pass 2: two branches a step with one row a block, one otherwise (more would cost residency: <= 128 registers)
-  constexpr int BR = CC > 0 && ROWS == 1 ? 2 : 1;
-  static_assert(CC == 0 || (CC % BR == 0 && CC % BR1 == 0 && CC <= kBranchGroup), "BR and BR1 divide CC");
-  constexpr int Q = CC > 0 ? CC : kInjectGroup;  // inject columns per pass
-  __shared__ float warp_sums[ROWS * kBranchGroup * 32];
-  __shared__ float inject_scratch[ROWS * Q * 32];
-  extern __shared__ __align__(16) unsigned char norm_smem[];
-  float* inv_rms = reinterpret_cast<float*>(norm_smem);  // [ROWS][C]
-  const int64_t C = CC > 0 ? CC : a.C;
-  T* const smem_t = reinterpret_cast<T*>(norm_smem + NormInvRmsBytes(ROWS, C));
-  const bool prologue = a.prev_block_output != nullptr;
-  const int64_t stage_elements = NormStageElements(ROWS, C, a.H, prologue);  // kPrefetch
-  int stage = 0;
-  const int64_t width = C * a.H;
-  const int64_t step = int64_t{blockDim.x} * VEC;
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int num_warps = blockDim.x >> 5;
-  const int64_t groups = (a.rows + ROWS - 1) / ROWS;
-  if constexpr (MODE == kPrefetch) {
-    if (blockIdx.x < groups) PrefetchRowGroup<T, VEC, ROWS>(a, smem_t, blockIdx.x, C);
-    ptx::CpAsyncCommit();
-  }
-  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x, stage ^= 1) {
-    // S of this group: kCache [ROWS][C][H]; kPrefetch the stage's streams, turned into S by pass 1
-    T* const s_cache = MODE == kPrefetch ? smem_t + stage * stage_elements : smem_t;
-    if constexpr (MODE == kPrefetch) {
-      if (group + gridDim.x < groups) {
-        PrefetchRowGroup<T, VEC, ROWS>(a, smem_t + (stage ^ 1) * stage_elements, group + gridDim.x, C);
-        ptx::CpAsyncCommit();
-        ptx::CpAsyncWait<1>();  // this group's copies landed; the next group's fly during both passes
-      } else {
-        ptx::CpAsyncWait<0>();
-      }
-    }
-    int64_t row[ROWS];
-    bool live[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      live[r] = group * ROWS + r < a.rows;
-      row[r] = live[r] ? group * ROWS + r : a.rows - 1;
-    }
-    for (int64_t b0 = 0; b0 < C; b0 += kBranchGroup) {
-      const int64_t branches = std::min<int64_t>(kBranchGroup, C - b0);
-      for (int64_t cb = 0; cb < branches; cb += BR1) {
-        float sum_sq[BR1][ROWS];
-#pragma unroll
-        for (int b = 0; b < BR1; ++b) {
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) sum_sq[b][r] = 0.0f;
-        }
-        for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-          Vec<T, VEC> s[BR1][ROWS];
-#pragma unroll
-          for (int b = 0; b < BR1; ++b) {
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-              if constexpr (MODE == kPrefetch) {
-                const int64_t c = b0 + cb + b;
-                s[b][r] = LoadVec<T, VEC>(s_cache + (r * C + c) * a.H + h);
-                if (prologue) {
-                  s[b][r] = PrologueVec<T, VEC>(s[b][r], ToFloat(a.prev_post_gate[row[r] * C + c]),
-                                                LoadVec<T, VEC>(s_cache + (ROWS * C + r) * a.H + h));
-                }
-              } else {
-                s[b][r] = LoadS<T, VEC>(a, row[r], b0 + cb + b, h);
-              }
-            }
-          }
-#pragma unroll
-          for (int b = 0; b < BR1; ++b) {
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-              if (a.streams_out != nullptr && live[r]) {
-                StoreVec<T, VEC>(a.streams_out + row[r] * width + (b0 + cb + b) * a.H + h, s[b][r]);
-              }
-              if constexpr (MODE == kCache) StoreVec<T, VEC>(s_cache + (r * C + b0 + cb + b) * a.H + h, s[b][r]);
-              if constexpr (MODE == kPrefetch) {
-                if (prologue) StoreVec<T, VEC>(s_cache + (r * C + b0 + cb + b) * a.H + h, s[b][r]);  // S in place
-              }
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) {
-                sum_sq[b][r] = MulAdd(ToFloat(s[b][r].v[j]), ToFloat(s[b][r].v[j]), sum_sq[b][r]);
-              }
-            }
-          }
-        }
-#pragma unroll
-        for (int b = 0; b < BR1; ++b) {
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) {
-            const float v = WarpSum(sum_sq[b][r]);
-            if (lane == 0) warp_sums[(r * kBranchGroup + cb + b) * 32 + warp] = v;
-          }
-        }
-      }
-      __syncthreads();
-      if (threadIdx.x < ROWS * kBranchGroup) {
-        const int r = threadIdx.x / kBranchGroup;
-        const int64_t cb = threadIdx.x % kBranchGroup;
-        if (cb < branches) {
-          float total = 0.0f;
-          for (int w = 0; w < num_warps; ++w) total += warp_sums[threadIdx.x * 32 + w];  // BlockSum's order
-          inv_rms[r * C + b0 + cb] = BranchInvRms(total, a.H, a.epsilon);
-        }
-      }
-      __syncthreads();  // inv_rms of the round written; warp_sums free for the next round
-    }
-    for (int64_t c0 = 0; c0 < C; c0 += Q) {
-      const int cols = CC > 0 ? CC : static_cast<int>(std::min<int64_t>(Q, C - c0));
-      float acc[ROWS * Q];
-#pragma unroll
-      for (int i = 0; i < ROWS * Q; ++i) acc[i] = 0.0f;
-      for (int64_t c = 0; c < C; c += BR) {
-        float part[BR][ROWS * Q];  // per branch, summed from 0 (the same whatever BR)
-#pragma unroll
-        for (int b = 0; b < BR; ++b) {
-#pragma unroll
-          for (int i = 0; i < ROWS * Q; ++i) part[b][i] = 0.0f;
-        }
-        for (int64_t h = int64_t{threadIdx.x} * VEC; h < a.H; h += step) {
-          // the thread's VEC rows of inject_weight are VEC * CC contiguous elements, 16-byte aligned (CC > 0)
-          constexpr int kChunk = 16 / static_cast<int>(sizeof(T));
-          constexpr int kWeightVecs = CC > 0 ? VEC * CC / kChunk : 1;
-          static_assert(CC == 0 || (VEC * CC) % kChunk == 0, "CC > 0 needs VEC * CC * sizeof(T) to be a multiple of 16");
-          Vec<T, VEC> scale[BR];
-          Vec<T, VEC> s[BR][ROWS];
-          Vec<T, kChunk> wv[BR][kWeightVecs];
-#pragma unroll
-          for (int b = 0; b < BR; ++b) {  // every load of the step before any store
-            scale[b] = LoadVec<T, VEC>(a.norm_scale + (c + b) * a.H + h);
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-              if constexpr (MODE != kFormTwice) {
-                s[b][r] = LoadVec<T, VEC>(s_cache + (r * C + c + b) * a.H + h);  // S as pass 1 formed it
-              } else {
-                s[b][r] = LoadS<T, VEC>(a, row[r], c + b, h);
-              }
-            }
-            if constexpr (CC > 0) {
-              const T* w = a.inject_weight + ((c + b) * a.H + h) * C;
-#pragma unroll
-              for (int i = 0; i < kWeightVecs; ++i) wv[b][i] = LoadVec<T, kChunk>(w + i * kChunk);
-            }
-          }
-#pragma unroll
-          for (int b = 0; b < BR; ++b) {
-            const T* w = a.inject_weight + ((c + b) * a.H + h) * C + c0;  // inject_weight[(c+b)*H + h, c0]
-            Vec<T, VEC> hn[ROWS];
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) {
-              const float inv = inv_rms[r * C + c + b];
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) {
-                // rounding point: hn
-                hn[r].v[j] = FromFloat<T>(NormalizeHn(ToFloat(s[b][r].v[j]), inv, ToFloat(scale[b].v[j])));
-              }
-              if (c0 == 0 && live[r]) StoreVec<T, VEC>(a.hn + row[r] * width + (c + b) * a.H + h, hn[r]);
-            }
-            if constexpr (CC > 0) {
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) {
-#pragma unroll
-                for (int q = 0; q < CC; ++q) {
-                  const float wq = ToFloat(wv[b][(j * CC + q) / kChunk].v[(j * CC + q) % kChunk]);
-#pragma unroll
-                  for (int r = 0; r < ROWS; ++r) part[b][r * Q + q] = fmaf(ToFloat(hn[r].v[j]), wq, part[b][r * Q + q]);
-                }
-              }
-            } else {
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) {
-#pragma unroll
-                for (int q = 0; q < Q; ++q) {
-                  if (q < cols) {
-                    const float wq = ToFloat(w[j * C + q]);
-#pragma unroll
-                    for (int r = 0; r < ROWS; ++r) part[b][r * Q + q] = fmaf(ToFloat(hn[r].v[j]), wq, part[b][r * Q + q]);
-                  }
-                }
-              }
-            }
-          }
-        }
-#pragma unroll
-        for (int b = 0; b < BR; ++b) {
-#pragma unroll
-          for (int i = 0; i < ROWS * Q; ++i) acc[i] = __fadd_rn(acc[i], part[b][i]);  // branch order
-        }
-      }
-      BlockSums<ROWS * Q>(acc, inject_scratch);
-      if (threadIdx.x == 0) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-          for (int q = 0; q < Q; ++q) {
-            if (q < cols && live[r]) {
-              const float inject = RoundToT<T>(acc[r * Q + q]);  // rounding point: inject
-              // rounding point: post_gate
-              a.post_gate[row[r] * C + c0 + q] = FromFloat<T>(PostGate(inject, a.gate_div, a.gate_mul));
-            }
-          }
-        }
-      }
-    }
-  }
-}
 
 template <typename T>
 struct SplitReduceArgs {
@@ -537,23 +187,6 @@ int ReduceVec(int64_t count, size_t hidden_align_elements) {
 }
 
 // Widest vector (16 bytes at most) that divides H and fits the alignment of every pointer given.
-template <typename T>
-int PickVec(int64_t H, std::initializer_list<const void*> pointers) {
-  int vec = static_cast<int>(16 / sizeof(T));
-  for (const void* p : pointers) {
-    if (p == nullptr) continue;
-    while (vec > 1 && AlignmentOf(p) < vec * sizeof(T)) vec /= 2;
-  }
-  while (vec > 1 && H % vec != 0) vec /= 2;
-  return vec;
-}
-
-int NormThreads(int64_t H, int vec) {
-  const int64_t groups = (H + vec - 1) / vec;
-  const int64_t warps = (groups + 31) / 32;
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(warps, 1) * 32, kMaxNormThreads));
-}
-
 unsigned ElementwiseBlocks(int64_t count) {
   return static_cast<unsigned>(
       std::max<int64_t>(1, std::min((count + kElementwiseThreads - 1) / kElementwiseThreads, kMaxElementwiseBlocks)));
@@ -662,104 +295,6 @@ ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size
   l.total = l.workspace + HcLtGemm::kWorkspaceBytes;
   return l;
 }
-
-// Rows per block of HcNormInjectKernel (C = 4): more rows per block once there are blocks enough to
-// fill the GPU (the choice changes no bit, see the kernel).
-int NormRowsPerBlock(int64_t rows) { return rows >= 2048 ? 4 : rows >= 512 ? 2 : 1; }
-
-// C = 4 with 16-byte loadable inject_weight rows runs the compile-time-C kernel, ROWS rows a block;
-// any other C the generic kernel, one row a block (same bits either way).
-template <typename T, int VEC>
-bool NormInjectFixedC(const NormArgs<T>& a) {
-  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
-    return a.C == 4 && AlignmentOf(a.inject_weight) >= 16;
-  }
-  return false;
-}
-
-// Launches one instantiation with `smem` bytes of dynamic shared memory (opted in above 48 KB);
-// kPrefetch prefers shared memory to L1 (two blocks of its stages fit an SM only then) and runs a
-// persistent grid of at most the resident blocks.
-template <typename T, int VEC, int ROWS, int CC, int MODE>
-cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, int threads, size_t smem, cudaStream_t stream,
-                                   unsigned* blocks) {
-  auto* kernel = HcNormInjectKernel<T, VEC, ROWS, CC, MODE>;
-  const int64_t groups = (a.rows + ROWS - 1) / ROWS;
-  *blocks = static_cast<unsigned>(std::min(groups, kMaxRowBlocks));
-  if (smem > 48 * 1024) {
-    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem));
-        e != cudaSuccess) {
-      return e;
-    }
-  }
-  if constexpr (MODE == kPrefetch) {
-    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                   static_cast<int>(cudaSharedmemCarveoutMaxShared));
-        e != cudaSuccess) {
-      return e;
-    }
-    int device = 0, sms = 0, per_sm = 0;
-    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess) {
-      return e;
-    }
-    if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-        e != cudaSuccess) {
-      return e;
-    }
-    *blocks = static_cast<unsigned>(std::min<int64_t>(*blocks, std::max(1, per_sm * sms)));
-  }
-  kernel<<<*blocks, threads, smem, stream>>>(a);
-  return cudaGetLastError();
-}
-
-// Picks the instantiation (no choice changes a bit): the fixed-C kernel with rows per block by row
-// count, or the generic one (one row a block); kPrefetch from kNormPrefetchMinRows rows where the vectors
-// are 16 bytes (fixed C) and two stages of kNormPrefetchRows rows fit kMaxNormCacheBytes, else kCache
-// where the rows fit it (fewer rows a block until they do), else kFormTwice (very wide rows).
-// Measured on an H200 (real shape, bf16, ncu): 4096 rows 117.6 us prefetched (2 rows a block) against
-// 137.5 cached (4 rows a block); 1024 rows 32.2 against 31.8 (2 rows a block both); 256 rows 13.5 against
-// 11.8 (one row a block both): so kPrefetch only from 2048 rows, where the grid has groups to spare.
-template <typename T, int VEC>
-cudaError_t LaunchNormInject(const NormArgs<T>& a, int* rows_per_block, NormMode* mode, int threads,
-                             cudaStream_t stream, unsigned* blocks) {
-  const bool fixed_c = NormInjectFixedC<T, VEC>(a);
-  const bool prologue = a.prev_block_output != nullptr;
-  auto smem = [&](NormMode m, int rows) { return NormSmemBytes(m, rows, a.C, a.H, prologue, sizeof(T)); };
-  if (!fixed_c) *rows_per_block = 1;
-  *mode = kFormTwice;
-  if (fixed_c && VEC * sizeof(T) == 16 && a.rows >= kNormPrefetchMinRows &&
-      smem(kPrefetch, kNormPrefetchRows) <= kMaxNormCacheBytes) {
-    *mode = kPrefetch;
-    *rows_per_block = kNormPrefetchRows;
-  }
-  if (*mode == kFormTwice) {
-    while (*rows_per_block > 1 && smem(kCache, *rows_per_block) > kMaxNormCacheBytes) *rows_per_block /= 2;
-    if (smem(kCache, *rows_per_block) <= kMaxNormCacheBytes) *mode = kCache;
-  }
-  const size_t bytes = smem(*mode, *rows_per_block);
-  if constexpr ((VEC * 4 * sizeof(T)) % 16 == 0) {
-    if (fixed_c) {
-      if constexpr (VEC * sizeof(T) == 16) {
-        if (*mode == kPrefetch) {
-          return LaunchNormInjectKernel<T, VEC, kNormPrefetchRows, 4, kPrefetch>(a, threads, bytes, stream, blocks);
-        }
-      }
-      if (*mode == kCache) {
-        switch (*rows_per_block) {
-          case 4: return LaunchNormInjectKernel<T, VEC, 4, 4, kCache>(a, threads, bytes, stream, blocks);
-          case 2: return LaunchNormInjectKernel<T, VEC, 2, 4, kCache>(a, threads, bytes, stream, blocks);
-          default: return LaunchNormInjectKernel<T, VEC, 1, 4, kCache>(a, threads, bytes, stream, blocks);
-        }
-      }
-      return LaunchNormInjectKernel<T, VEC, 1, 4, kFormTwice>(a, threads, bytes, stream, blocks);
-    }
-  }
-  return *mode == kCache ? LaunchNormInjectKernel<T, VEC, 1, 0, kCache>(a, threads, bytes, stream, blocks)
-                         : LaunchNormInjectKernel<T, VEC, 1, 0, kFormTwice>(a, threads, bytes, stream, blocks);
-}
-
 }  // namespace
 
 std::string HcLaunchStatus::Message() const {
@@ -775,8 +310,8 @@ size_t HcGeneralScratchBytes(const HcLowRankMixParams& p, size_t element_size) {
 }
 
 template <typename T>
-HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, void* scratch,
-                               HcLtGemm& gemm, cudaStream_t stream, bool debug) {
+HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const HcDeviceCaps& caps,
+                               void* scratch, HcLtGemm& gemm, cudaStream_t stream, bool debug) {
   const int64_t rows = p.rows, C = p.C, H = p.H, R = p.R, width = p.width();
   const ScratchLayout layout = MakeScratchLayout(p, sizeof(T));
   const RangePlan& range = layout.range;
@@ -789,19 +324,10 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
 
   const NormArgs<T> norm{t.streams, t.norm_scale, t.inject_weight, t.prev_block_output, t.prev_post_gate,
                          t.streams_out, hn, t.post_gate, rows, C, H, p.epsilon, p.gate_div, p.gate_mul};
-  const int norm_vec = PickVec<T>(H, {t.streams, t.norm_scale, t.prev_block_output, t.streams_out, hn});
-  const int norm_threads = NormThreads(H, norm_vec);
-  int norm_rows = NormRowsPerBlock(rows);  // 1 where the generic-C kernel runs
-  NormMode norm_mode = kFormTwice;
-  unsigned norm_blocks = 0;
-  cudaError_t norm_status = cudaSuccess;
-  switch (norm_vec) {
-    case 8: norm_status = LaunchNormInject<T, 8>(norm, &norm_rows, &norm_mode, norm_threads, stream, &norm_blocks); break;
-    case 4: norm_status = LaunchNormInject<T, 4>(norm, &norm_rows, &norm_mode, norm_threads, stream, &norm_blocks); break;
-    case 2: norm_status = LaunchNormInject<T, 2>(norm, &norm_rows, &norm_mode, norm_threads, stream, &norm_blocks); break;
-    default: norm_status = LaunchNormInject<T, 1>(norm, &norm_rows, &norm_mode, norm_threads, stream, &norm_blocks); break;
+  NormLaunch norm_launch;
+  if (auto s = CudaFailure("norm and inject kernel", LaunchNormInject<T>(norm, caps, stream, &norm_launch)); !s.ok()) {
+    return s;
   }
-  if (auto s = CudaFailure("HcNormInjectKernel", norm_status); !s.ok()) return s;
 
   // Whether cuBLASLt runs the split product: asked once, with the base pointers (every chunk's
   // pointers have the same alignment), so every chunk and every row count of the range takes the same route.
@@ -847,14 +373,12 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   if (debug) {
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMix general path (%s range) rows=%lld C=%lld H=%lld R=%lld: "
-                 "HcNormInjectKernel grid %u x %d (vec %d, %d rows per block, S %s), down split into %lld K slices of "
+                 "%s grid %u x %d (vec %d, %d rows per block), down split into %lld K slices of "
                  "%lld (%s, planned at %lld rows) in chunks of %lld rows, HcSplitReduceKernel grid %u x %d (last "
                  "chunk), up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d)\n",
                  range.name, static_cast<long long>(rows), static_cast<long long>(C),
-                 static_cast<long long>(H), static_cast<long long>(R), norm_blocks, norm_threads, norm_vec, norm_rows,
-                 norm_mode == kPrefetch ? "prefetched by cp.async, kept in shared memory"
-                 : norm_mode == kCache  ? "kept in shared memory"
-                                        : "formed twice",
+                 static_cast<long long>(H), static_cast<long long>(R), norm_launch.kernel, norm_launch.blocks,
+                 norm_launch.threads, norm_launch.vec, norm_launch.rows_per_block,
                  static_cast<long long>(range.splits), static_cast<long long>(width / range.splits),
                  down_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(range.split_plan_rows),
                  static_cast<long long>(layout.chunk_rows), reduce_blocks, kElementwiseThreads,
@@ -864,8 +388,8 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
 }
 
 #define HC_INSTANTIATE_GENERAL(T)                                                                        \
-  template HcLaunchStatus LaunchHcGeneral<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&, void*, \
-                                             HcLtGemm&, cudaStream_t, bool);
+  template HcLaunchStatus LaunchHcGeneral<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&,   \
+                                             const HcDeviceCaps&, void*, HcLtGemm&, cudaStream_t, bool);
 HC_INSTANTIATE_GENERAL(float)
 HC_INSTANTIATE_GENERAL(__half)
 HC_INSTANTIATE_GENERAL(__nv_bfloat16)

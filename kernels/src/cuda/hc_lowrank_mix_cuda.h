@@ -13,6 +13,7 @@
 #include "hcfuse/hc_params.h"
 
 namespace hcfuse {
+struct HcDeviceCaps;
 namespace cuda {
 
 class HcLtGemm;
@@ -53,11 +54,12 @@ size_t HcGeneralScratchBytes(const HcLowRankMixParams& params, size_t element_si
 // The general path: norm + inject kernel (post_gate), split-K cuBLASLt GEMM for down with its
 // fixed-order reduction (+ ScaledSiLU), the up cuBLASLt GEMM and the gate epilogue kernel, all on
 // `stream`; the K split and pinned algorithms depend on the row range (few rows / prefill, hc_gemm.h).
-// Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes.
+// Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes; `caps` are the
+// device's (QueryHcDeviceCaps).
 // T is float, __half or __nv_bfloat16. Never throws and never synchronizes.
 template <typename T>
-HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
-                               HcLtGemm& gemm, cudaStream_t stream, bool debug);
+HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors,
+                               const HcDeviceCaps& caps, void* scratch, HcLtGemm& gemm, cudaStream_t stream, bool debug);
 
 }  // namespace cuda
 }  // namespace hcfuse

@@ -222,7 +222,7 @@ class CudaProvider {
 
   Ort::Status RunGeneral(OrtKernelContext* ctx, const HcLowRankMixParams& p, const Args& t, cudaStream_t stream) {
     Scratch scratch = AllocateScratch(ctx, device_, cuda::HcGeneralScratchBytes(p, sizeof(CT)));
-    const cuda::HcLaunchStatus s = cuda::LaunchHcGeneral<CT>(p, t, scratch.get(), gemm_, stream, debug_);
+    const cuda::HcLaunchStatus s = cuda::LaunchHcGeneral<CT>(p, t, caps_, scratch.get(), gemm_, stream, debug_);
     return s.ok() ? Ort::Status{nullptr} : LaunchFailure("LaunchHcGeneral", s.Message());
   }
 
