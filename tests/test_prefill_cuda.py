@@ -4,10 +4,11 @@
   mid        256 <= rows < 1024: HcMidSplitCount(C*H) slices (16), planned at 256 rows;
   prefill    rows >= 1024: HcPrefillSplitCount(C*H) slices (4), both GEMM algorithms planned at 1024 rows.
 
-All ranges share HcNormInjectKernel (S, hn, inject as a fixed-order dot product per row, post_gate),
-which puts 1, 2 or 4 rows in a block and keeps S in shared memory (cached; from 2048 rows, C = 4 and
-16-byte vectors cp.async-prefetched a row group ahead on a persistent grid) or forms it twice (rows too
-wide), without changing a bit.
+All ranges share one norm kernel per shape (S, hn, inject as a fixed-order dot product per row,
+post_gate, kernels/src/cuda/hc_norm_inject.cu): HcNormInjectResidentKernel where C = 4, T is 16-bit and
+H is a multiple of 256 up to 2560 (weights in registers, rows cp.async-streamed on a persistent grid,
+1 or 2 rows a group), else HcNormInjectKernel, which puts 1, 2 or 4 rows in a block and keeps S in
+shared memory or forms it twice (rows too wide), without changing a bit.
 Asserted here: the mid and prefill ranges against hcfuse.reference (real shape on both sides of both
 boundaries, awkward shapes in every range and in both shared-memory modes: rows not a multiple of any
 tile or of the rows per block, H not a multiple of 64, small R, C = 1, C > 8 (two inject passes));
@@ -101,11 +102,13 @@ def test_prefill_row_independence_and_determinism(hcfuse_lib, monkeypatch, dtype
 
 
 # (C, H, R): K = C*H not split (300), split 4 / 10 (2560), C = 1, C > 8 (two inject passes), H = 129;
-# C = 4 with 16-byte vectors (the fixed-C norm kernel, prefetched from 2048 rows): (4, 640, 64),
-# (4, 96, 16) and (4, 160, 24) (R not a multiple of 16)
-AWKWARD_SHAPES = [(3, 100, 24), (4, 640, 64), (1, 72, 8), (10, 40, 16), (4, 129, 512), (4, 96, 16), (4, 160, 24)]
+# C = 4 with 16-byte vectors: the fixed-C HcNormInjectKernel (H not a multiple of 256): (4, 640, 64),
+# (4, 96, 16) and (4, 160, 24) (R not a multiple of 16); HcNormInjectResidentKernel in 16-bit T (float32:
+# the fixed-C kernel): (4, 768, 40) (3 warps a block)
+AWKWARD_SHAPES = [(3, 100, 24), (4, 640, 64), (1, 72, 8), (10, 40, 16), (4, 129, 512), (4, 96, 16), (4, 160, 24),
+                  (4, 768, 40)]
 # (leading dims, rows alone): one count per range, none a multiple of 64, and a batch inside the range;
-# "long" runs the prefetching norm kernel (2100 rows) and compares with 1030 rows alone (cached)
+# "long" runs 2100 rows (4 rows a block in the fixed-C kernel) and compares with 1030 rows alone (2 a block)
 AWKWARD_ROWS = {"few": ((5, 40), 130), "mid": ((3, 101), 257), "prefill": ((5, 206), 1024),
                 "long": ((3, 700), 1030)}
 
@@ -132,6 +135,27 @@ def test_awkward_shapes_prefill(hcfuse_lib, monkeypatch, rng, dtype, C, H, R, ro
     for name, value in run_bound(session, {**flat, **weights}, device="cuda").items():
         assert_bitwise_equal(value.reshape(alone, -1), got[name].reshape(rows, -1)[:alone],
                              f"C={C} H={H} R={R}: {alone} rows alone vs in {rows}: {name}")
+
+
+@pytest.mark.parametrize("prologue,streams_out", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_norm_kernel_variants(hcfuse_lib, monkeypatch, rng, dtype, prologue, streams_out):
+    """HcNormInjectResidentKernel's four compiled variants (with and without the prologue and streams_out;
+    float32 runs HcNormInjectKernel) against the reference on 301 rows (an odd count: a short last row
+    group), and 7 rows alone give the bits they have among 301."""
+    _require_dtype(dtype)
+    C, H, R = 4, 512, 32
+    weights = random_weights(C, H, R, dtype, rng)
+    feeds = random_activations((301,), C, H, dtype, rng, prologue=prologue)
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=prologue, streams_out=streams_out)
+    session = cuda_session(model, hcfuse_lib, "general", monkeypatch)
+    got = run_bound(session, {**feeds, **weights}, device="cuda")
+    assert ("streams_out" in got) == streams_out, sorted(got)
+    _check(got, _reference(feeds, weights, C), dtype, f"norm variants prologue={prologue} streams_out={streams_out}",
+           f"prefill norm-variants {dtype.name}")
+    alone = run_bound(session, {**{k: v[100:107] for k, v in feeds.items()}, **weights}, device="cuda")
+    for name, value in alone.items():
+        assert_bitwise_equal(value, got[name][100:107], f"norm variants: rows [100, 107) alone vs among 301: {name}")
 
 
 @pytest.mark.parametrize("rows", [3, 600])

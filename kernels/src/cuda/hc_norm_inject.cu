@@ -14,6 +14,7 @@
 #include "cuda/hc_norm_inject.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/hc_common.cuh"
 #include "cuda/hc_fast_plan.h"
@@ -76,80 +77,106 @@ __device__ __forceinline__ void BlockSums(float (&v)[N], float* scratch) {
 
 // ---- HcNormInjectResidentKernel
 constexpr int kResidentC = 4;
-constexpr int kResidentVec = 8;      // 16 bytes of a 16-bit T
-// Rows a block processes together (one set of barriers; 2 would need more than 168 registers a thread
-// and spill), and cp.async stages of that many rows: 4 rows' loads in flight, ~100 KB a block.
-constexpr int kResidentRows = 1;
-constexpr int kResidentStages = 5;
-constexpr int kResidentMaxThreads = 320;  // H <= 2560 (the real shape): 64 registers of weights and 32 of S within 204
+constexpr int kResidentVec = 8;  // features a thread owns per branch: 16 bytes of a 16-bit T, 4 words
+constexpr int kResidentMaxThreads = 320;  // H <= 2560 (the real shape)
 constexpr int kResidentMaxWarps = kResidentMaxThreads / 32;
+// Rows a block processes together (one set of barriers, the weights unpacked once for all), and the
+// cp.async stages of that many rows (STAGES - 1 groups of loads in flight, ~100 KB a block).
+template <int ROWS>
+constexpr int kResidentStages = ROWS == 1 ? 5 : 3;
 
-// Elements of T of one stage: streams [kResidentRows][C][H], then prev_block_output [kResidentRows][H].
-__host__ __device__ inline int64_t ResidentStageElements(int64_t H, bool prologue) {
-  return kResidentRows * (kResidentC + (prologue ? 1 : 0)) * H;
+// 16-byte vectors of one stage: streams [ROWS][C][H / 8], then prev_block_output [ROWS][H / 8].
+inline int64_t ResidentStageVectors(int rows, int64_t H, bool prologue) {
+  return rows * (kResidentC + (prologue ? 1 : 0)) * (H / kResidentVec);
 }
-size_t ResidentSmemBytes(int64_t H, bool prologue, size_t element_size) {
-  return static_cast<size_t>(kResidentStages * ResidentStageElements(H, prologue)) * element_size;
+size_t ResidentSmemBytes(int rows, int stages, int64_t H, bool prologue) {
+  return static_cast<size_t>(stages * ResidentStageVectors(rows, H, prologue)) * 16;
 }
 
-// The two 16-bit values of `word` (element 2i, 2i + 1 of a Vec) in fp32. asm volatile keeps the
-// conversion where it is written: hoisted out of the row loop, the resident weights would take 128
-// registers in fp32 instead of 64 in T and spill.
+// Two values of a 16-bit T packed in a 32-bit word (the element order of memory) <-> fp32. PackPair
+// rounds each to T (round to nearest even, as FromFloat). UnpackInLoop is UnpackPair in asm volatile,
+// which keeps the conversion where it is written: hoisted out of the row loop, the resident weights
+// would take 128 registers in fp32 instead of 64 packed, and spill.
 template <typename T>
-__device__ __forceinline__ float2 UnpackInLoop(uint32_t word);
+__device__ __forceinline__ float2 UnpackPair(uint32_t w);
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+template <typename T>
+__device__ __forceinline__ float2 UnpackInLoop(uint32_t w);
 template <>
-__device__ __forceinline__ float2 UnpackInLoop<__nv_bfloat16>(uint32_t word) {
+__device__ __forceinline__ float2 UnpackPair<__nv_bfloat16>(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+template <>
+__device__ __forceinline__ float2 UnpackInLoop<__nv_bfloat16>(uint32_t w) {
   uint32_t lo, hi;
-  asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;" : "=r"(lo), "=r"(hi) : "r"(word));
+  asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;" : "=r"(lo), "=r"(hi) : "r"(w));
   return make_float2(__uint_as_float(lo), __uint_as_float(hi));
 }
 template <>
-__device__ __forceinline__ float2 UnpackInLoop<__half>(uint32_t word) {
+__device__ __forceinline__ float2 UnpackPair<__half>(uint32_t w) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
+  const __half2 p = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+template <>
+__device__ __forceinline__ float2 UnpackInLoop<__half>(uint32_t w) {
   float lo, hi;
   asm volatile("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-               : "=f"(lo), "=f"(hi) : "r"(word));
+               : "=f"(lo), "=f"(hi) : "r"(w));
   return make_float2(lo, hi);
 }
+__device__ __forceinline__ uint32_t& Word(uint4& v, int k) { return reinterpret_cast<uint32_t*>(&v)[k]; }
 
-// One thread per 8 features h of all four branches (blockDim = H / 8 rounded up to a warp; lanes past
-// H hold zeros and load and store nothing). Its norm_scale (4 x 8) and inject_weight rows (4 x 8 rows
-// of 4) are loaded once and stay in registers. Rows go in groups of kResidentRows (a short last group
-// repeats the last row, computed but never stored), a block's groups grid-strided, each group's streams
-// and prev_block_output copied by cp.async kResidentStages - 1 groups ahead (pass 1 writes S back in
-// place); each thread copies and reads back only its own vectors, so its own wait_group orders them.
-// prev_post_gate is loaded a group ahead.
-// Per row: S (prologue) in registers and streams_out; per branch the thread's sum of squares (j
-// sequential, MulAdd), a warp butterfly, the warp sums added in warp order -> 1 / rms (BranchInvRms);
-// hn; per inject column q the thread's dot product (branches, then j, sequential, fmaf), a warp
-// butterfly, the warp sums in warp order -> inject, rounded -> post_gate. Three barriers a group. A
-// row's operations do not depend on the row count, the grid, the rows it is grouped with or its slot.
-template <typename T>
+// One thread per 8 features h of all four branches (blockDim = H / 8, a multiple of 32). Its
+// norm_scale (4 x 8) and inject_weight rows (4 x 8 rows of 4), packed, are loaded once and stay in
+// registers. Rows go in groups of ROWS (a short last group repeats the last row, computed but never
+// stored), a block's groups grid-strided, each group's streams and prev_block_output copied by cp.async
+// STAGES - 1 groups ahead (pass 1 writes S back in place); each thread copies and reads back only its
+// own vectors, so its own wait_group orders them. prev_post_gate is loaded a group ahead.
+// Per row: S (prologue) and streams_out; per branch the thread's sum of squares (j sequential, MulAdd),
+// a warp butterfly, the warp sums added in warp order -> 1 / rms (BranchInvRms); hn; per inject column
+// q the thread's dot product (branches, then j, sequential, fmaf), a warp butterfly, the warp sums in
+// warp order -> inject, rounded -> post_gate. Three barriers a group. A row's operations do not depend
+// on the row count, the grid, ROWS, the rows it is grouped with or its slot.
+template <typename T, int ROWS, bool PROLOGUE, bool STREAMS_OUT>
 __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKernel(NormArgs<T> a) {
-  constexpr int C = kResidentC, VEC = kResidentVec, ROWS = kResidentRows, STAGES = kResidentStages;
+  constexpr int C = kResidentC, STAGES = kResidentStages<ROWS>;
+  constexpr int kWords = kResidentVec / 2;             // words of one branch's 8 features
+  constexpr int kWeightWords = kResidentVec * C / 2;   // words of one branch's 8 inject_weight rows
   __shared__ float sq_sums[ROWS * C][kResidentMaxWarps];
   __shared__ float inject_sums[ROWS * C][kResidentMaxWarps];
   __shared__ float inv_rms[ROWS * C];
-  extern __shared__ __align__(16) unsigned char resident_smem[];
-  T* const stages = reinterpret_cast<T*>(resident_smem);
-  const int64_t H = a.H, width = C * H;
-  const int64_t h = int64_t{threadIdx.x} * VEC;
-  const bool active = h < H;
-  const bool prologue = a.prev_block_output != nullptr;
-  const int64_t stage_elements = ResidentStageElements(H, prologue);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
+  extern __shared__ __align__(16) uint4 resident_stages[];
+  const int t = threadIdx.x;
+  const int lane = t & 31;
+  const int warp = t >> 5;
   const int num_warps = blockDim.x >> 5;
+  const int64_t vecs = blockDim.x;  // H / 8: 16-byte vectors of one branch of a row
+  const int64_t stage_vectors = ROWS * (C + (PROLOGUE ? 1 : 0)) * vecs;
   const int64_t groups = (a.rows + ROWS - 1) / ROWS;
+  const uint4* const streams = reinterpret_cast<const uint4*>(a.streams);
+  const uint4* const prev_out = reinterpret_cast<const uint4*>(a.prev_block_output);
+  uint4* const streams_out = reinterpret_cast<uint4*>(a.streams_out);
+  uint4* const hn_out = reinterpret_cast<uint4*>(a.hn);
   auto row_of = [&](int64_t group, int r) { return std::min(group * ROWS + r, a.rows - 1); };
   auto prefetch = [&](int64_t group, int stage) {
-    if (!active || group >= groups) return;
-    T* const st = stages + stage * stage_elements;
+    if (group >= groups) return;
+    uint4* const st = resident_stages + stage * stage_vectors;
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row_of(group, r);
 #pragma unroll
-      for (int c = 0; c < C; ++c) ptx::CpAsync<16>(st + (r * C + c) * H + h, a.streams + row * width + c * H + h);
-      if (prologue) ptx::CpAsync<16>(st + (ROWS * C + r) * H + h, a.prev_block_output + row * H + h);
+      for (int c = 0; c < C; ++c) ptx::CpAsync<16>(st + (r * C + c) * vecs + t, streams + (row * C + c) * vecs + t);
+      if constexpr (PROLOGUE) ptx::CpAsync<16>(st + (ROWS * C + r) * vecs + t, prev_out + row * vecs + t);
     }
   };
   auto load_gates = [&](int64_t group, float (&gate)[ROWS][C]) {
@@ -157,7 +184,7 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
       for (int c = 0; c < C; ++c) {
-        gate[r][c] = prologue && group < groups ? ToFloat(a.prev_post_gate[row_of(group, r) * C + c]) : 0.0f;
+        gate[r][c] = PROLOGUE && group < groups ? ToFloat(a.prev_post_gate[row_of(group, r) * C + c]) : 0.0f;
       }
     }
   };
@@ -168,26 +195,19 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
     prefetch(blockIdx.x + int64_t{s} * gridDim.x, s);
     ptx::CpAsyncCommit();
   }
-  Vec<T, VEC> scale[C];
-  // inject_weight[c*H + h + j, q .. q + 1] (q even) in word [c][(j*C + q) / 2]: the 16-bit pairs as loaded
-  uint32_t weight[C][VEC * C / 2];
+  uint4 scale[C];
+  uint32_t weight[C][kWeightWords];  // inject_weight[c*H + h + j, 2p .. 2p + 1] in word [c][2j + p]
 #pragma unroll
   for (int c = 0; c < C; ++c) {
+    scale[c] = reinterpret_cast<const uint4*>(a.norm_scale)[c * vecs + t];
+    const uint4* w = reinterpret_cast<const uint4*>(a.inject_weight) + (c * vecs + t) * (kWeightWords / 4);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) scale[c].v[j] = FromFloat<T>(0.0f);
-#pragma unroll
-    for (int i = 0; i < VEC * C / 2; ++i) weight[c][i] = 0u;
-    if (active) {
-      scale[c] = LoadVec<T, VEC>(a.norm_scale + c * H + h);
-      const uint4* w = reinterpret_cast<const uint4*>(a.inject_weight + (c * H + h) * C);
-#pragma unroll
-      for (int i = 0; i < VEC * C / 8; ++i) {
-        const uint4 v = w[i];
-        weight[c][4 * i] = v.x;
-        weight[c][4 * i + 1] = v.y;
-        weight[c][4 * i + 2] = v.z;
-        weight[c][4 * i + 3] = v.w;
-      }
+    for (int i = 0; i < kWeightWords / 4; ++i) {
+      const uint4 v = w[i];
+      weight[c][4 * i] = v.x;
+      weight[c][4 * i + 1] = v.y;
+      weight[c][4 * i + 2] = v.z;
+      weight[c][4 * i + 3] = v.w;
     }
   }
   float gate[ROWS][C];
@@ -201,29 +221,40 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
     ptx::CpAsyncWait<STAGES - 1>();  // this group's copies landed
     float next_gate[ROWS][C];
     load_gates(group + gridDim.x, next_gate);
-    T* const st = stages + stage * stage_elements;
+    uint4* const st = resident_stages + stage * stage_vectors;
 
+    // pass 1: S, streams_out, sums of squares
     float sum_sq[ROWS][C];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const int64_t row = row_of(group, r);
-      const bool store = active && group * ROWS + r < a.rows;
-      Vec<T, VEC> prev;
-      if (active && prologue) prev = LoadVec<T, VEC>(st + (ROWS * C + r) * H + h);
+      const bool live = group * ROWS + r < a.rows;
+      float2 prev[kWords];
+      if constexpr (PROLOGUE) {
+        uint4 p = st[(ROWS * C + r) * vecs + t];
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) prev[k] = UnpackPair<T>(Word(p, k));
+      }
 #pragma unroll
       for (int c = 0; c < C; ++c) {
-        Vec<T, VEC> s = scale[0];  // zeros past H
-        if (active) {
-          s = LoadVec<T, VEC>(st + (r * C + c) * H + h);
-          if (prologue) {
-            s = PrologueVec<T, VEC>(s, gate[r][c], prev);
-            StoreVec<T, VEC>(st + (r * C + c) * H + h, s);  // S in place for pass 2 (registers are short)
-          }
-        }
-        if (store && a.streams_out != nullptr) StoreVec<T, VEC>(a.streams_out + row * width + c * H + h, s);
-        sum_sq[r][c] = 0.0f;
+        uint4 s = st[(r * C + c) * vecs + t];
+        float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum_sq[r][c] = MulAdd(ToFloat(s.v[j]), ToFloat(s.v[j]), sum_sq[r][c]);
+        for (int k = 0; k < kWords; ++k) {
+          float2 x = UnpackPair<T>(Word(s, k));
+          if constexpr (PROLOGUE) {
+            // rounding point: S
+            Word(s, k) = PackPair<T>(PrologueS(x.x, gate[r][c], prev[k].x), PrologueS(x.y, gate[r][c], prev[k].y));
+            x = UnpackPair<T>(Word(s, k));
+          }
+          acc = MulAdd(x.x, x.x, acc);
+          acc = MulAdd(x.y, x.y, acc);
+        }
+        if constexpr (PROLOGUE) st[(r * C + c) * vecs + t] = s;  // S in place for pass 2
+        if constexpr (STREAMS_OUT) {
+          if (live) streams_out[(row * C + c) * vecs + t] = s;
+        }
+        sum_sq[r][c] = acc;
       }
     }
 #pragma unroll
@@ -232,41 +263,58 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
       if (lane == 0) sq_sums[i][warp] = v;
     }
     __syncthreads();  // every warp's sums of squares
-    if (threadIdx.x < ROWS * C) {
+    if (t < ROWS * C) {
       float total = 0.0f;
-      for (int w = 0; w < num_warps; ++w) total += sq_sums[threadIdx.x][w];  // warp order
-      inv_rms[threadIdx.x] = BranchInvRms(total, H, a.epsilon);
+      for (int w = 0; w < num_warps; ++w) total += sq_sums[t][w];  // warp order
+      inv_rms[t] = BranchInvRms(total, a.H, a.epsilon);
     }
     __syncthreads();  // inv_rms of the group
 
+    // pass 2: hn and the inject dot products
     float part[ROWS][C];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      const int64_t row = row_of(group, r);
-      const bool store = active && group * ROWS + r < a.rows;
 #pragma unroll
       for (int q = 0; q < C; ++q) part[r][q] = 0.0f;
+    }
 #pragma unroll
-      for (int c = 0; c < C; ++c) {
-        const float inv = inv_rms[r * C + c];
-        const Vec<T, VEC> s = active ? LoadVec<T, VEC>(st + (r * C + c) * H + h) : scale[0];  // S as pass 1 formed it
-        Vec<T, VEC> hn;
+    for (int c = 0; c < C; ++c) {
+      uint4 s[ROWS];
+      float inv[ROWS];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
+      for (int r = 0; r < ROWS; ++r) {
+        s[r] = st[(r * C + c) * vecs + t];  // S as pass 1 formed it
+        inv[r] = inv_rms[r * C + c];
+      }
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) {
+        const float2 sc = UnpackPair<T>(Word(scale[c], k));
+        float2 hv[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const float2 x = UnpackPair<T>(Word(s[r], k));
           // rounding point: hn
-          hn.v[j] = FromFloat<T>(NormalizeHn(ToFloat(s.v[j]), inv, ToFloat(scale[c].v[j])));
+          Word(s[r], k) = PackPair<T>(NormalizeHn(x.x, inv[r], sc.x), NormalizeHn(x.y, inv[r], sc.y));
+          hv[r] = UnpackPair<T>(Word(s[r], k));
         }
-        if (store) StoreVec<T, VEC>(a.hn + row * width + c * H + h, hn);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
+        for (int jj = 0; jj < 2; ++jj) {  // feature j = 2k + jj
+          const int j = 2 * k + jj;
+          const float2 w01 = UnpackInLoop<T>(weight[c][2 * j]);
+          const float2 w23 = UnpackInLoop<T>(weight[c][2 * j + 1]);
 #pragma unroll
-          for (int q = 0; q < C; q += 2) {  // inject_weight[c*H + h + j, q and q + 1]: one 32-bit word
-            const int e = j * C + q;
-            const float2 w = UnpackInLoop<T>(weight[c][e / 2]);
-            part[r][q] = fmaf(ToFloat(hn.v[j]), w.x, part[r][q]);
-            part[r][q + 1] = fmaf(ToFloat(hn.v[j]), w.y, part[r][q + 1]);
+          for (int r = 0; r < ROWS; ++r) {
+            const float x = jj == 0 ? hv[r].x : hv[r].y;
+            part[r][0] = fmaf(x, w01.x, part[r][0]);
+            part[r][1] = fmaf(x, w01.y, part[r][1]);
+            part[r][2] = fmaf(x, w23.x, part[r][2]);
+            part[r][3] = fmaf(x, w23.y, part[r][3]);
           }
         }
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        if (group * ROWS + r < a.rows) hn_out[(row_of(group, r) * C + c) * vecs + t] = s[r];  // s[r] holds hn now
       }
     }
 #pragma unroll
@@ -275,10 +323,10 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
       if (lane == 0) inject_sums[i][warp] = v;
     }
     __syncthreads();  // every warp's inject partials
-    if (threadIdx.x < ROWS * C) {
-      const int r = threadIdx.x / C, q = threadIdx.x % C;
+    if (t < ROWS * C) {
+      const int r = t / C, q = t % C;
       float total = 0.0f;
-      for (int w = 0; w < num_warps; ++w) total += inject_sums[threadIdx.x][w];  // warp order
+      for (int w = 0; w < num_warps; ++w) total += inject_sums[t][w];  // warp order
       if (group * ROWS + r < a.rows) {
         const float inject = RoundToT<T>(total);  // rounding point: inject
         // rounding point: post_gate
@@ -529,38 +577,53 @@ int NormThreads(int64_t H, int vec) {
 // fill the GPU (the choice changes no bit, see the kernel).
 int NormRowsPerBlock(int64_t rows) { return rows >= 2048 ? 4 : rows >= 512 ? 2 : 1; }
 
+// Rows HcNormInjectResidentKernel processes together. MEASUREMENT SWITCH (temporary): HCFUSE_NORM_ROWS=1|2.
+int ResidentRows() {
+  const char* v = std::getenv("HCFUSE_NORM_ROWS");
+  return v != nullptr && v[0] == '1' ? 1 : 2;
+}
+
 // Whether HcNormInjectResidentKernel runs: C = 4, 16-bit T with 16-byte vectors (PickVec's 8) and a
-// 16-byte aligned inject_weight, H / 8 threads at most kResidentMaxThreads, its stages within the
-// device's shared memory per block (static arrays: ~1 KB).
+// 16-byte aligned inject_weight, H a multiple of 256 (whole warps of 8 features a thread) up to
+// 8 * kResidentMaxThreads, its stages within the device's shared memory per block (static arrays: ~1 KB).
 template <typename T>
-bool ResidentFits(const NormArgs<T>& a, int vec, const HcDeviceCaps& caps) {
-  if constexpr (sizeof(T) != 2) {
-    return false;
-  } else {
-    const size_t smem = ResidentSmemBytes(a.H, a.prev_block_output != nullptr, sizeof(T)) + 1024;
-    return a.C == kResidentC && vec == kResidentVec && a.H <= int64_t{kResidentVec} * kResidentMaxThreads &&
-           AlignmentOf(a.inject_weight) >= 16 && caps.sm_count > 0 &&
-           static_cast<int64_t>(smem) <= caps.max_shared_memory_per_block;
-  }
+bool ResidentFits(const NormArgs<T>& a, int vec, const HcDeviceCaps& caps, int rows) {
+  const bool prologue = a.prev_block_output != nullptr;
+  const size_t smem = ResidentSmemBytes(rows, rows == 1 ? kResidentStages<1> : kResidentStages<2>, a.H, prologue) + 1024;
+  return sizeof(T) == 2 && a.C == kResidentC && vec == kResidentVec && a.H % (32 * kResidentVec) == 0 &&
+         a.H <= int64_t{kResidentVec} * kResidentMaxThreads && AlignmentOf(a.inject_weight) >= 16 &&
+         caps.sm_count > 0 && static_cast<int64_t>(smem) <= caps.max_shared_memory_per_block;
 }
 
 // One block per SM (its stages take most of the SM's shared memory), at most one per row group.
-template <typename T>
-cudaError_t LaunchResident(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info) {
-  auto* kernel = HcNormInjectResidentKernel<T>;
-  const size_t smem = ResidentSmemBytes(a.H, a.prev_block_output != nullptr, sizeof(T));
+template <typename T, int ROWS, bool PROLOGUE, bool STREAMS_OUT>
+cudaError_t LaunchResidentKernel(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream,
+                                 NormLaunch* info) {
+  auto* kernel = HcNormInjectResidentKernel<T, ROWS, PROLOGUE, STREAMS_OUT>;
+  const size_t smem = ResidentSmemBytes(ROWS, kResidentStages<ROWS>, a.H, PROLOGUE);
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       e != cudaSuccess) {
     return e;
   }
-  const int64_t groups = (a.rows + kResidentRows - 1) / kResidentRows;
+  const int64_t groups = (a.rows + ROWS - 1) / ROWS;
   info->kernel = "HcNormInjectResidentKernel (weights in registers, S cp.async-prefetched)";
   info->blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(groups, caps.sm_count)));
-  info->threads = static_cast<int>((a.H / kResidentVec + 31) / 32 * 32);
-  info->rows_per_block = kResidentRows;
+  info->threads = static_cast<int>(a.H / kResidentVec);
+  info->rows_per_block = ROWS;
   kernel<<<info->blocks, info->threads, smem, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <typename T, int ROWS>
+cudaError_t LaunchResident(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info) {
+  const bool prologue = a.prev_block_output != nullptr, streams_out = a.streams_out != nullptr;
+  if (prologue) {
+    return streams_out ? LaunchResidentKernel<T, ROWS, true, true>(a, caps, stream, info)
+                       : LaunchResidentKernel<T, ROWS, true, false>(a, caps, stream, info);
+  }
+  return streams_out ? LaunchResidentKernel<T, ROWS, false, true>(a, caps, stream, info)
+                     : LaunchResidentKernel<T, ROWS, false, false>(a, caps, stream, info);
 }
 
 // C = 4 with 16-byte loadable inject_weight rows runs the compile-time-C kernel, ROWS rows a block;
@@ -625,7 +688,10 @@ template <typename T>
 cudaError_t LaunchNormInject(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info) {
   info->vec = PickVec<T>(a.H, {a.streams, a.norm_scale, a.prev_block_output, a.streams_out, a.hn});
   if constexpr (sizeof(T) == 2) {
-    if (ResidentFits(a, info->vec, caps)) return LaunchResident(a, caps, stream, info);
+    const int rows = ResidentRows();
+    if (ResidentFits(a, info->vec, caps, rows)) {
+      return rows == 1 ? LaunchResident<T, 1>(a, caps, stream, info) : LaunchResident<T, 2>(a, caps, stream, info);
+    }
   }
   info->threads = NormThreads(a.H, info->vec);
   switch (info->vec) {
