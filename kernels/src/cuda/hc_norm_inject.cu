@@ -1,11 +1,12 @@
 // HcNormInjectKernel and HcNormInjectResidentKernel: the general path's S (prologue), per-branch rms,
 // hn (scratch), inject = hn @ inject_weight (a fixed-order fp32 dot product per row) and post_gate.
 //
-//   HcNormInjectResidentKernel  C = 4, 16-bit T, 16-byte vectors, H / 8 <= kResidentMaxThreads (the real
-//                      shape): a thread owns 8 features of all four branches and keeps its inject_weight
-//                      rows and norm_scale in registers for the whole kernel; a persistent grid streams
-//                      rows through cp.async stages. Reads the weights once per block instead of once
-//                      per row group, and keeps kResidentStages - 1 rows of loads in flight.
+//   HcNormInjectResidentKernel  C = 4, 16-bit T, 16-byte vectors, H a multiple of 256 up to 2560 (the
+//                      real shape): a thread owns 8 features of all four branches and keeps its
+//                      inject_weight rows and norm_scale in registers for the whole kernel; a persistent
+//                      grid streams row pairs through cp.async stages. Reads the weights once per block
+//                      instead of once per row group, keeps two row pairs of loads in flight, and works
+//                      on packed pairs of T (one conversion and one rounding instruction per pair).
 //   HcNormInjectKernel  any C/H/T: a block per row group, the inject_weight rows reloaded per group; S
 //                      kept in shared memory between its two passes where it fits (kCache), else formed
 //                      twice (kFormTwice).
@@ -14,7 +15,6 @@
 #include "cuda/hc_norm_inject.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/hc_common.cuh"
 #include "cuda/hc_fast_plan.h"
@@ -80,17 +80,16 @@ constexpr int kResidentC = 4;
 constexpr int kResidentVec = 8;  // features a thread owns per branch: 16 bytes of a 16-bit T, 4 words
 constexpr int kResidentMaxThreads = 320;  // H <= 2560 (the real shape)
 constexpr int kResidentMaxWarps = kResidentMaxThreads / 32;
-// Rows a block processes together (one set of barriers, the weights unpacked once for all), and the
-// cp.async stages of that many rows (STAGES - 1 groups of loads in flight, ~100 KB a block).
-template <int ROWS>
-constexpr int kResidentStages = ROWS == 1 ? 5 : 3;
+// Rows a block processes together (one set of barriers, the weights unpacked once for both), and the
+// cp.async stages of that many rows (two groups of loads in flight, ~100 KB a block). Measured on an
+// H200 (real shape, bf16, ncu, us at 256 / 1024 / 4096 rows): 2 rows 10.1 / 24.2 / 84.4, 1 row (5
+// stages) 10.8 / 27.6 / 101.5; HcNormInjectKernel 11.8 / 31.3 / 112.7.
+constexpr int kResidentRows = 2;
+constexpr int kResidentStages = 3;
 
-// 16-byte vectors of one stage: streams [ROWS][C][H / 8], then prev_block_output [ROWS][H / 8].
-inline int64_t ResidentStageVectors(int rows, int64_t H, bool prologue) {
-  return rows * (kResidentC + (prologue ? 1 : 0)) * (H / kResidentVec);
-}
-size_t ResidentSmemBytes(int rows, int stages, int64_t H, bool prologue) {
-  return static_cast<size_t>(stages * ResidentStageVectors(rows, H, prologue)) * 16;
+// 16-byte vectors of one stage: streams [kResidentRows][C][H / 8], then prev_block_output [kResidentRows][H / 8].
+size_t ResidentSmemBytes(int64_t H, bool prologue) {
+  return static_cast<size_t>(kResidentStages * kResidentRows * (kResidentC + (prologue ? 1 : 0)) * (H / kResidentVec)) * 16;
 }
 
 // Two values of a 16-bit T packed in a 32-bit word (the element order of memory) <-> fp32. PackPair
@@ -138,18 +137,18 @@ __device__ __forceinline__ uint32_t& Word(uint4& v, int k) { return reinterpret_
 
 // One thread per 8 features h of all four branches (blockDim = H / 8, a multiple of 32). Its
 // norm_scale (4 x 8) and inject_weight rows (4 x 8 rows of 4), packed, are loaded once and stay in
-// registers. Rows go in groups of ROWS (a short last group repeats the last row, computed but never
-// stored), a block's groups grid-strided, each group's streams and prev_block_output copied by cp.async
-// STAGES - 1 groups ahead (pass 1 writes S back in place); each thread copies and reads back only its
-// own vectors, so its own wait_group orders them. prev_post_gate is loaded a group ahead.
+// registers. Rows go in groups of kResidentRows (a short last group repeats the last row, computed but
+// never stored), a block's groups grid-strided, each group's streams and prev_block_output copied by
+// cp.async STAGES - 1 groups ahead (pass 1 writes S back in place); each thread copies and reads back
+// only its own vectors, so its own wait_group orders them. prev_post_gate is loaded a group ahead.
 // Per row: S (prologue) and streams_out; per branch the thread's sum of squares (j sequential, MulAdd),
 // a warp butterfly, the warp sums added in warp order -> 1 / rms (BranchInvRms); hn; per inject column
 // q the thread's dot product (branches, then j, sequential, fmaf), a warp butterfly, the warp sums in
 // warp order -> inject, rounded -> post_gate. Three barriers a group. A row's operations do not depend
-// on the row count, the grid, ROWS, the rows it is grouped with or its slot.
-template <typename T, int ROWS, bool PROLOGUE, bool STREAMS_OUT>
+// on the row count, the grid, the row it is grouped with or its slot.
+template <typename T, bool PROLOGUE, bool STREAMS_OUT>
 __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKernel(NormArgs<T> a) {
-  constexpr int C = kResidentC, STAGES = kResidentStages<ROWS>;
+  constexpr int C = kResidentC, ROWS = kResidentRows, STAGES = kResidentStages;
   constexpr int kWords = kResidentVec / 2;             // words of one branch's 8 features
   constexpr int kWeightWords = kResidentVec * C / 2;   // words of one branch's 8 inject_weight rows
   __shared__ float sq_sums[ROWS * C][kResidentMaxWarps];
@@ -577,53 +576,46 @@ int NormThreads(int64_t H, int vec) {
 // fill the GPU (the choice changes no bit, see the kernel).
 int NormRowsPerBlock(int64_t rows) { return rows >= 2048 ? 4 : rows >= 512 ? 2 : 1; }
 
-// Rows HcNormInjectResidentKernel processes together. MEASUREMENT SWITCH (temporary): HCFUSE_NORM_ROWS=1|2.
-int ResidentRows() {
-  const char* v = std::getenv("HCFUSE_NORM_ROWS");
-  return v != nullptr && v[0] == '1' ? 1 : 2;
-}
-
 // Whether HcNormInjectResidentKernel runs: C = 4, 16-bit T with 16-byte vectors (PickVec's 8) and a
 // 16-byte aligned inject_weight, H a multiple of 256 (whole warps of 8 features a thread) up to
 // 8 * kResidentMaxThreads, its stages within the device's shared memory per block (static arrays: ~1 KB).
 template <typename T>
-bool ResidentFits(const NormArgs<T>& a, int vec, const HcDeviceCaps& caps, int rows) {
-  const bool prologue = a.prev_block_output != nullptr;
-  const size_t smem = ResidentSmemBytes(rows, rows == 1 ? kResidentStages<1> : kResidentStages<2>, a.H, prologue) + 1024;
+bool ResidentFits(const NormArgs<T>& a, int vec, const HcDeviceCaps& caps) {
+  const size_t smem = ResidentSmemBytes(a.H, a.prev_block_output != nullptr) + 1024;
   return sizeof(T) == 2 && a.C == kResidentC && vec == kResidentVec && a.H % (32 * kResidentVec) == 0 &&
          a.H <= int64_t{kResidentVec} * kResidentMaxThreads && AlignmentOf(a.inject_weight) >= 16 &&
          caps.sm_count > 0 && static_cast<int64_t>(smem) <= caps.max_shared_memory_per_block;
 }
 
 // One block per SM (its stages take most of the SM's shared memory), at most one per row group.
-template <typename T, int ROWS, bool PROLOGUE, bool STREAMS_OUT>
+template <typename T, bool PROLOGUE, bool STREAMS_OUT>
 cudaError_t LaunchResidentKernel(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream,
                                  NormLaunch* info) {
-  auto* kernel = HcNormInjectResidentKernel<T, ROWS, PROLOGUE, STREAMS_OUT>;
-  const size_t smem = ResidentSmemBytes(ROWS, kResidentStages<ROWS>, a.H, PROLOGUE);
+  auto* kernel = HcNormInjectResidentKernel<T, PROLOGUE, STREAMS_OUT>;
+  const size_t smem = ResidentSmemBytes(a.H, PROLOGUE);
   if (const cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       e != cudaSuccess) {
     return e;
   }
-  const int64_t groups = (a.rows + ROWS - 1) / ROWS;
+  const int64_t groups = (a.rows + kResidentRows - 1) / kResidentRows;
   info->kernel = "HcNormInjectResidentKernel (weights in registers, S cp.async-prefetched)";
   info->blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(groups, caps.sm_count)));
   info->threads = static_cast<int>(a.H / kResidentVec);
-  info->rows_per_block = ROWS;
+  info->rows_per_block = kResidentRows;
   kernel<<<info->blocks, info->threads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
-template <typename T, int ROWS>
+template <typename T>
 cudaError_t LaunchResident(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info) {
   const bool prologue = a.prev_block_output != nullptr, streams_out = a.streams_out != nullptr;
   if (prologue) {
-    return streams_out ? LaunchResidentKernel<T, ROWS, true, true>(a, caps, stream, info)
-                       : LaunchResidentKernel<T, ROWS, true, false>(a, caps, stream, info);
+    return streams_out ? LaunchResidentKernel<T, true, true>(a, caps, stream, info)
+                       : LaunchResidentKernel<T, true, false>(a, caps, stream, info);
   }
-  return streams_out ? LaunchResidentKernel<T, ROWS, false, true>(a, caps, stream, info)
-                     : LaunchResidentKernel<T, ROWS, false, false>(a, caps, stream, info);
+  return streams_out ? LaunchResidentKernel<T, false, true>(a, caps, stream, info)
+                     : LaunchResidentKernel<T, false, false>(a, caps, stream, info);
 }
 
 // C = 4 with 16-byte loadable inject_weight rows runs the compile-time-C kernel, ROWS rows a block;
@@ -688,10 +680,7 @@ template <typename T>
 cudaError_t LaunchNormInject(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info) {
   info->vec = PickVec<T>(a.H, {a.streams, a.norm_scale, a.prev_block_output, a.streams_out, a.hn});
   if constexpr (sizeof(T) == 2) {
-    const int rows = ResidentRows();
-    if (ResidentFits(a, info->vec, caps, rows)) {
-      return rows == 1 ? LaunchResident<T, 1>(a, caps, stream, info) : LaunchResident<T, 2>(a, caps, stream, info);
-    }
+    if (ResidentFits(a, info->vec, caps)) return LaunchResident(a, caps, stream, info);
   }
   info->threads = NormThreads(a.H, info->vec);
   switch (info->vec) {
