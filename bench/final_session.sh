@@ -43,7 +43,9 @@ grep -E "^\| (bf16|fp16|fp32)" "$out/prefill.log" | sort -u -t'|' -k2,2 -k3,3n
 # 4. compute-sanitizer (SANITIZE_FAST: fast-path tests; SANITIZE_GENERAL: general-path tests; FAST_TOOLS: the
 # tools run over the fast path's tests, all three by default, none when empty)
 fast_tests=${SANITIZE_FAST:-(small_shapes and 7) or (real_shape_matches_reference and prologue-3-bf16)}
-general_tests=${SANITIZE_GENERAL:-awkward and bf16 and (4-129-512 or 4-96-16)}  # every row range, both norm modes
+# every row range, both norm kernels (HcNormInjectKernel: H = 129 and 96; HcNormInjectResidentKernel: H = 768
+# and the four variants of H = 512)
+general_tests=${SANITIZE_GENERAL:-awkward and bf16 and (4-129-512 or 4-96-16 or 4-768-40) or variants and bf16}
 for tool in ${FAST_TOOLS-memcheck racecheck synccheck}; do
   timeout "$(cap 35)" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_fast_path_cuda.py -k "$fast_tests" > "$out/sanitize_fast_$tool.log" 2>&1
@@ -55,7 +57,7 @@ done
 for tool in memcheck racecheck synccheck; do
   filter=(--kernel-name kns=Hc)
   [ "$tool" = racecheck ] && filter=()
-  timeout "$(cap 35)" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
+  timeout "$(cap 60)" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
     python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py -k "$general_tests" > "$out/sanitize_general_$tool.log" 2>&1
   stamp "$tool general path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_general_$tool.log" | tail -1) $(tail -1 "$out/sanitize_general_$tool.log")"
 done

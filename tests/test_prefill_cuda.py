@@ -1,8 +1,9 @@
-"""The CUDA general path's three row ranges (kernels/src/cuda/hc_general.cu, hc_gemm.h):
+"""The CUDA general path's four row ranges (kernels/src/cuda/hc_general.cu, hc_gemm.h):
 
-  few rows   rows < 256: down split into HcSplitCount(C*H) K slices (40 for the real shape), planned at 64 rows;
-  mid        256 <= rows < 1024: HcMidSplitCount(C*H) slices (16), planned at 256 rows;
-  prefill    rows >= 1024: HcPrefillSplitCount(C*H) slices (4), both GEMM algorithms planned at 1024 rows.
+  few rows      rows < 256: down split into HcSplitCount(C*H) K slices (40 for the real shape), planned at 64 rows;
+  mid           256 <= rows < 1024: HcMidSplitCount(C*H) slices (16), planned at 256 rows;
+  prefill       1024 <= rows < 4096: HcPrefillSplitCount(C*H) slices (4), both GEMM algorithms planned at 1024 rows;
+  long prefill  rows >= 4096: the same slices, both algorithms planned at 4096 rows.
 
 All ranges share one norm kernel per shape (S, hn, inject as a fixed-order dot product per row,
 post_gate, kernels/src/cuda/hc_norm_inject.cu): HcNormInjectResidentKernel where C = 4, T is 16-bit and
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.cuda
 
 MID_MIN_ROWS = 256  # kHcMidMinRows
 PREFILL_MIN_ROWS = 1024  # kHcPrefillMinRows
+LONG_PREFILL_MIN_ROWS = 4096  # kHcLongPrefillMinRows
 _SAMPLE = 48  # reference rows per real-shape case (the reference is row independent)
 
 
@@ -60,12 +62,12 @@ def _sample(rows: int) -> np.ndarray:
     return np.unique(np.clip(np.concatenate([edges, spread]), 0, rows - 1))
 
 
-@pytest.mark.parametrize("rows", [255, 256, 1023, 1024, 1500, 4099])
+@pytest.mark.parametrize("rows", [255, 256, 1023, 1024, 1500, 4095, 4096, 4099])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_real_shape_both_sides_of_the_boundary(hcfuse_lib, monkeypatch, dtype, rows):
     """255 rows (the few-row range's last count), 256 (the mid range's first), 1023 (its last), 1024
-    (the prefill range's first), 1500 and 4099 (two row chunks of the prefill product, a short last row
-    group and row tile) against the reference."""
+    (the prefill range's first), 1500, 4095 (its last), 4096 (the long prefill range's first) and 4099
+    (two row chunks of the long range's product, a short last row group and row tile) against the reference."""
     _require_dtype(dtype)
     model, feeds, weights = _real_shape(dtype, rows, 14)
     got = run_bound(cuda_session(model, hcfuse_lib, "general", monkeypatch), {**feeds, **weights}, device="cuda")
@@ -101,6 +103,27 @@ def test_prefill_row_independence_and_determinism(hcfuse_lib, monkeypatch, dtype
                 assert_bitwise_equal(value, full[name][lo:hi], f"few-row batch [{lo}, {hi}) vs prefill batch: {name}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_long_prefill_row_independence(hcfuse_lib, monkeypatch, dtype):
+    """In the long prefill range a row gives the same bits in batches of 4096 ... 4200 rows (the batch of
+    4200: two row chunks of the down product); streams_out and post_gate are also the bits of a prefill
+    batch (1100 rows)."""
+    _require_dtype(dtype)
+    model, feeds, weights = _real_shape(dtype, 4200, 16)
+    session = cuda_session(model, hcfuse_lib, "general", monkeypatch)
+
+    def run(lo, hi):
+        return run_bound(session, {**{k: v[lo:hi] for k, v in feeds.items()}, **weights}, device="cuda")
+
+    full = run(0, 4200)
+    for lo, hi in [(0, LONG_PREFILL_MIN_ROWS), (104, 4200)]:
+        for name, value in run(lo, hi).items():
+            assert_bitwise_equal(value, full[name][lo:hi], f"rows [{lo}, {hi}) alone vs in 4200: {name}")
+    for name, value in run(3000, 4100).items():
+        if name in ("streams_out", "post_gate"):
+            assert_bitwise_equal(value, full[name][3000:4100], f"prefill batch [3000, 4100) vs long batch: {name}")
+
+
 # (C, H, R): K = C*H not split (300), split 4 / 10 (2560), C = 1, C > 8 (two inject passes), H = 129;
 # C = 4 with 16-byte vectors: the fixed-C HcNormInjectKernel (H not a multiple of 256): (4, 640, 64),
 # (4, 96, 16) and (4, 160, 24) (R not a multiple of 16); HcNormInjectResidentKernel in 16-bit T (float32:
@@ -110,16 +133,16 @@ AWKWARD_SHAPES = [(3, 100, 24), (4, 640, 64), (1, 72, 8), (10, 40, 16), (4, 129,
 # (leading dims, rows alone): one count per range, none a multiple of 64, and a batch inside the range;
 # "long" runs 2100 rows (4 rows a block in the fixed-C kernel) and compares with 1030 rows alone (2 a block)
 AWKWARD_ROWS = {"few": ((5, 40), 130), "mid": ((3, 101), 257), "prefill": ((5, 206), 1024),
-                "long": ((3, 700), 1030)}
+                "long": ((3, 700), 1030), "longest": ((3, 1370), 4096)}
 
 
 @pytest.mark.parametrize("rows_range", list(AWKWARD_ROWS))
 @pytest.mark.parametrize("C,H,R", AWKWARD_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_awkward_shapes_prefill(hcfuse_lib, monkeypatch, rng, dtype, C, H, R, rows_range):
-    """200, 303, 1030 or 2100 rows as 2-D leading dims (the few-row, mid and prefill ranges), prologue and
-    streams_out, against the reference on every row; the first 130, 257, 1024 or 1030 rows alone give the
-    same bits (row independence inside the range)."""
+    """200, 303, 1030, 2100 or 4110 rows as 2-D leading dims (the few-row, mid, prefill and long prefill
+    ranges), prologue and streams_out, against the reference on every row; the first 130, 257, 1024, 1030
+    or 4096 rows alone give the same bits (row independence inside the range)."""
     _require_dtype(dtype)
     dims, alone = AWKWARD_ROWS[rows_range]
     rows = dims[0] * dims[1]

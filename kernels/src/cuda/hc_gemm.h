@@ -74,6 +74,14 @@ inline constexpr int64_t kHcPrefillMaxSlices = 4;
 constexpr int64_t HcPrefillSplitCount(int64_t K) { return HcSplitCountUpTo(K, kHcPrefillMaxSlices); }
 static_assert(HcPrefillSplitCount(10240) == 4, "the real shape's K = 10240 splits into 4 slices of 2560 for prefill");
 
+// ---- The long prefill range (rows >= kHcLongPrefillMinRows): the prefill range's split, both products
+// planned at HcLtGemm::kLongPrefillPlanRows. Measured on an H200 (real shape, bf16, ncu, down product +
+// reduction, us): 4096 rows 48.6 planned at 4096 rows (cuBLASLt's 160 x 128 tiles) against 56.4 planned at
+// 1024 (160 x 64); 1024 rows 25.9 against 19.7, so 1024-4095 rows keep the 1024-row plan. (Planned at 16384
+// rows: 48.2 at 4096. Two slices: 52.8; one: 47.2 at 4096 but 37.5 at 1024.) The up product's plan is
+// the same tile either way.
+inline constexpr int64_t kHcLongPrefillMinRows = 4096;
+
 // Floats from partial[b] to partial[b + 1] for an M x N product: M*N rounded up to 64 floats, so
 // every batch's matrix starts 256-byte aligned like the first one, whatever M.
 constexpr int64_t HcPartialStride(int64_t M, int64_t N) { return (M * N + 63) / 64 * 64; }
@@ -81,13 +89,14 @@ constexpr int64_t HcPartialStride(int64_t M, int64_t N) { return (M * N + 63) / 
 class HcLtGemm {
  public:
   // The M the one algorithm is chosen for (any M runs with it): the few-row range's plain (up) and
-  // split (down) products, the mid range's split product, and both products of the prefill range
-  // (hc_general.cu picks by range).
+  // split (down) products, the mid range's split product, and both products of the prefill and the long
+  // prefill ranges (hc_general.cu picks by range).
   // The plan rows are part of a plan's key: each range has its own pinned algorithm.
   static constexpr int64_t kPlanRows = 256;
   static constexpr int64_t kSplitPlanRows = 64;
   static constexpr int64_t kMidPlanRows = 256;
   static constexpr int64_t kPrefillPlanRows = 1024;
+  static constexpr int64_t kLongPrefillPlanRows = 4096;
   // Workspace every Run/RunSplit call gets (256-byte aligned); algorithms needing more are not taken.
   static constexpr size_t kWorkspaceBytes = 64 * 1024;
 
