@@ -37,6 +37,32 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { ret
 template <typename T>
 __device__ __forceinline__ float RoundToT(float v) { return ToFloat<T>(FromFloat<T>(v)); }
 
+// Two values of a 16-bit T packed in a 32-bit word (the element order of memory) <-> fp32, one
+// instruction a pair where the element-wise forms take one an element. PackPair is FromFloat for two
+// values at once (round to nearest even, the same bits): the packed form of the contract's rounding step.
+template <typename T>
+__device__ __forceinline__ float2 UnpackPair(uint32_t w);
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+template <>
+__device__ __forceinline__ float2 UnpackPair<__nv_bfloat16>(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+template <>
+__device__ __forceinline__ float2 UnpackPair<__half>(uint32_t w) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
+  const __half2 p = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
 // Accurate fp32 sigmoid (expf, IEEE division; never build with --use_fast_math).
 // Written without contraction so it gives the same fp32 value as 1 / (1 + exp(-x)) in NumPy
 // whenever expf and NumPy's exp agree.

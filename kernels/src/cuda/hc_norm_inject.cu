@@ -92,39 +92,15 @@ size_t ResidentSmemBytes(int64_t H, bool prologue) {
   return static_cast<size_t>(kResidentStages * kResidentRows * (kResidentC + (prologue ? 1 : 0)) * (H / kResidentVec)) * 16;
 }
 
-// Two values of a 16-bit T packed in a 32-bit word (the element order of memory) <-> fp32. PackPair
-// rounds each to T (round to nearest even, as FromFloat). UnpackInLoop is UnpackPair in asm volatile,
-// which keeps the conversion where it is written: hoisted out of the row loop, the resident weights
-// would take 128 registers in fp32 instead of 64 packed, and spill.
-template <typename T>
-__device__ __forceinline__ float2 UnpackPair(uint32_t w);
-template <typename T>
-__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+// UnpackPair (hc_common.cuh) in asm volatile, which keeps the conversion where it is written: hoisted
+// out of the row loop, the resident weights would take 128 registers in fp32 instead of 64 packed, and spill.
 template <typename T>
 __device__ __forceinline__ float2 UnpackInLoop(uint32_t w);
-template <>
-__device__ __forceinline__ float2 UnpackPair<__nv_bfloat16>(uint32_t w) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-template <>
-__device__ __forceinline__ uint32_t PackPair<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&p);
-}
 template <>
 __device__ __forceinline__ float2 UnpackInLoop<__nv_bfloat16>(uint32_t w) {
   uint32_t lo, hi;
   asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;" : "=r"(lo), "=r"(hi) : "r"(w));
   return make_float2(__uint_as_float(lo), __uint_as_float(hi));
-}
-template <>
-__device__ __forceinline__ float2 UnpackPair<__half>(uint32_t w) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&w));
-}
-template <>
-__device__ __forceinline__ uint32_t PackPair<__half>(float lo, float hi) {
-  const __half2 p = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&p);
 }
 template <>
 __device__ __forceinline__ float2 UnpackInLoop<__half>(uint32_t w) {
