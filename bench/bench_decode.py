@@ -134,6 +134,8 @@ class ChainRunner:
                 env["HCFUSE_FAST_REAL_SHAPE"] = "0"
             elif design.startswith("ahead"):  # aheadN: at most N kernels wait next to a running one (0: any)
                 env["HCFUSE_FAST_AHEAD"] = design[len("ahead"):]
+            elif design.startswith("stage2-"):  # stage2-N: at most N stage 2 CTAs (the real shape: 80 or 160)
+                env["HCFUSE_FAST_STAGE2_CTAS"] = design[len("stage2-"):]
             elif design:
                 env["HCFUSE_FAST_DESIGN"] = design
             if tuning:

@@ -266,8 +266,18 @@ def test_kernels_ahead_gives_the_same_bits(fast_session, rng, monkeypatch, dtype
     _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_AHEAD", "0", "1")
 
 
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@SAME_BITS_CASES
+def test_fewer_stage2_ctas_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows):
+    """HCFUSE_FAST_STAGE2_CTAS=80 (the real shape: 80 stage 2 CTAs of 32 features instead of 160 of 16)
+    only regroups stage 2's columns: each up column, g and pre_output feature is computed by the same
+    operations, so every output equals the default's bit for bit."""
+    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_STAGE2_CTAS", "0", "80")
+
+
 @pytest.mark.parametrize("name,value,message", [
     ("HCFUSE_FAST_SS_LOCAL_ROWS", "many", "HCFUSE_FAST_SS_LOCAL_ROWS must be an integer >= 0"),
+    ("HCFUSE_FAST_STAGE2_CTAS", "-8", "HCFUSE_FAST_STAGE2_CTAS must be an integer >= 0"),
     ("HCFUSE_FAST_AHEAD", "-1", "HCFUSE_FAST_AHEAD must be an integer >= 0"),
     ("HCFUSE_FAST_REAL_SHAPE", "2", "HCFUSE_FAST_REAL_SHAPE must be 0 or 1"),
     ("HCFUSE_FAST_BATCH", "yes", "HCFUSE_FAST_BATCH must be 0 or 1"),

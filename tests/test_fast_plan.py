@@ -85,6 +85,30 @@ def test_real_shape_decode_rows_take_the_cluster_design(plan, rows, prologue):
     assert p["scratch"] == {"partials": 0, "inject": 0, "hn": partials, "total": partials + rows * 10240 * 2}
 
 
+# HcFastTuning::stage2_max_ctas (HCFUSE_FAST_STAGE2_CTAS): the largest valid stage 2 CTA count up to it.
+# 80 CTAs of 32 features: C*32 = 128 columns, stride 136; tile 320 x 136 x 2 = 87040 (over the default
+# 64 KiB, within the tuned 128 KiB): tile + A 2*(rt+1)*328 + hn 2*rt*128 + g 4*rt*128 + mbarrier 8
+# = 87704 + 1424 * rt. The real shape's constant-tiling kernels are for 160 CTAs: the generic ones run.
+# A limit above 160 allows more CTAs too (1000: 320 CTAs of 8 features).
+@pytest.mark.parametrize("requested,ctas", [(80, 80), (100, 80), (159, 80), (160, 160), (1000, 320), (64, 64)])
+def test_stage2_cta_limit_picks_the_largest_tiling_up_to_it(plan, requested, ctas):
+    p = plan(rows=1, stage2=requested)
+    assert p["ok"], p
+    assert p["stage2_ctas"] == ctas and p["dims"]["hs"] == 2560 // ctas and p["dims"]["piece"] == 8
+    assert p["real_shape_kernels"] == (ctas == 160)
+    if ctas == 80:
+        assert p["stage2_shared_bytes"] == 87704 + 1424 * 1
+    # stage 1 is untouched
+    assert p["stage1_ctas"] == 128 and p["stage1_shared_bytes"] == plan(rows=1)["stage1_shared_bytes"]
+
+
+def test_stage2_cta_limit_too_low_for_any_tile_is_refused(plan):
+    # 16 CTAs (the largest multiple of 8 up to 20 dividing 2560 into multiples of 8) take 160 features:
+    # a 320 x 648 x 2 tile, over the tuned 128 KiB
+    assert plan(stage2=20) == {"ok": False, "reason": "C=4 H=2560 R=320: no stage 2 tiling (4 or 8 features per CTA, "
+                                                     "a weight tile of at most 131072 bytes) with clusters of 8"}
+
+
 def test_more_than_16_rows_goes_to_the_general_path_unless_forced(plan):
     for rows in (MAX_AUTO_ROWS + 1, 32, 1000):
         assert plan(rows=rows) == {"ok": False, "reason": "more than 16 rows"}

@@ -3,7 +3,7 @@
 // the tiling are checked on any machine.
 //   fast_plan_probe KEY=VALUE...   shape: rows C H R prologue; device: sm (e.g. 90) smem (opt-in bytes
 //   per block); call: elem (bytes) aligned forced; tuning: cluster design (auto|cluster|plain)
-//   ss_local hidden_local batch bulk.
+//   ss_local hidden_local batch bulk ahead real_shape stage2.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
     else if (key == "smem_sm") caps.shared_memory_per_sm = v;
     else if (key == "smem_reserved") caps.reserved_shared_memory_per_block = v;
     else if (key == "ahead") tuning.kernels_ahead = v;
+    else if (key == "stage2") tuning.stage2_max_ctas = v;
     else if (key == "real_shape") tuning.real_shape_kernels = v != 0;
     else if (key == "elem") request.element_bytes = static_cast<int>(v);
     else if (key == "aligned") request.pointers_aligned = v != 0;

@@ -40,13 +40,15 @@ int64_t Stage1CtasPerBranch(const HcLowRankMixParams& p, int64_t cluster) {
 // Stage 2 CTAs: each takes hs = H / ctas features of every branch (C * hs columns, a whole number
 // of 8-column mma tiles). Preferred: hs a multiple of 8, so every up_weight row piece is 16-byte
 // copies of whole 32-byte sectors (the real shape: 160 CTAs of 16 features); else hs a multiple of
-// 4 (8-byte copies), at most 128 CTAs. 0: no tiling.
-int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster) {
+// 4 (8-byte copies), at most 128 CTAs. max_ctas: HcFastTuning::stage2_max_ctas. 0: no tiling.
+int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster, int64_t max_ctas) {
+  const int64_t top = max_ctas > 0 ? max_ctas : kHcFastMaxStage2Ctas;
+  const int64_t max_tile = max_ctas > 0 ? kHcFastMaxTunedStage2TileBytes : kHcFastMaxTileBytes;
   for (const int64_t piece : {8, 4}) {
-    for (int64_t ctas = piece == 8 ? kHcFastMaxStage2Ctas : 128; ctas >= 1; --ctas) {
+    for (int64_t ctas = piece == 8 ? top : std::min<int64_t>(top, 128); ctas >= 1; --ctas) {
       const int64_t hs = p.H / ctas;
       if (p.H % ctas != 0 || hs % piece != 0 || (p.C * hs) % 8 != 0 || ctas % cluster != 0) continue;
-      if (Stage2TileBytes(p, hs) > kHcFastMaxTileBytes) break;  // fewer CTAs only grow the tile
+      if (Stage2TileBytes(p, hs) > max_tile) break;  // fewer CTAs only grow the tile
       return ctas;
     }
   }
@@ -56,22 +58,24 @@ int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster) {
 // Why the kernels cannot tile this shape with this cluster size; empty when they can. C % 4 == 0 and
 // C <= 8 (8-byte inject rows, one mma tile), R % 8 == 0 and R <= 1024 (16-byte down rows), H % 32 == 0
 // (8 sum-of-squares parts of whole 4-element vectors), and a tiling of both stages (above).
-std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster) {
+std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster, int64_t stage2_max_ctas) {
   const auto refuse = [&](const std::string& why) {
     return "C=" + std::to_string(p.C) + " H=" + std::to_string(p.H) + " R=" + std::to_string(p.R) + ": " + why;
   };
-  const auto tile = [&] {  // strings only for a refusal: the accepted call allocates nothing here
-    return std::to_string(kHcFastMaxTileBytes) + " bytes) with clusters of " + std::to_string(cluster);
+  const auto tile = [&](int64_t max_bytes) {  // strings only for a refusal: the accepted call allocates nothing here
+    return std::to_string(max_bytes) + " bytes) with clusters of " + std::to_string(cluster);
   };
   if (p.C <= 0 || p.H <= 0 || p.R <= 0) return refuse("the fast path needs positive C, H and R");
   if (p.C % 4 != 0 || p.C > 8) return refuse("the fast path needs C a multiple of 4, at most 8");
   if (p.R % 8 != 0 || p.R > 1024) return refuse("the fast path needs R a multiple of 8, at most 1024");
   if (p.H % (4 * kHcFastSsParts) != 0) return refuse("the fast path needs H a multiple of 32");
   if (Stage1CtasPerBranch(p, cluster) == 0) {
-    return refuse("no stage 1 tiling (K slices of a multiple of 16 features, a weight tile of at most " + tile());
+    return refuse("no stage 1 tiling (K slices of a multiple of 16 features, a weight tile of at most " +
+                  tile(kHcFastMaxTileBytes));
   }
-  if (Stage2Ctas(p, cluster) == 0) {
-    return refuse("no stage 2 tiling (4 or 8 features per CTA, a weight tile of at most " + tile());
+  if (Stage2Ctas(p, cluster, stage2_max_ctas) == 0) {
+    return refuse("no stage 2 tiling (4 or 8 features per CTA, a weight tile of at most " +
+                  tile(stage2_max_ctas > 0 ? kHcFastMaxTunedStage2TileBytes : kHcFastMaxTileBytes));
   }
   return {};
 }
@@ -109,7 +113,7 @@ HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const Hc
   d.per1 = static_cast<int>(RoundUp((d.np + 7) / 8, cluster) / cluster * 8);
   d.groups = d.cpb * d.C / cluster;
   d.g4 = static_cast<int>(RoundUp(d.groups, 4));
-  d.hs = d.H / static_cast<int>(Stage2Ctas(p, cluster));
+  d.hs = d.H / static_cast<int>(Stage2Ctas(p, cluster, tuning.stage2_max_ctas));
   d.n2 = d.C * d.hs;
   d.ldu = static_cast<int>(PaddedStride(d.n2));
   d.piece = d.hs % 8 == 0 ? 8 : 4;
@@ -216,7 +220,9 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
                              std::to_string(caps.sm_minor) + " is below 8.0");
   }
   const int64_t cluster = ClusterSize(caps.sm_major, tuning.cluster);
-  if (std::string why = ShapeReason(params, cluster); !why.empty()) return HcFastPlanRefused(std::move(why));
+  if (std::string why = ShapeReason(params, cluster, tuning.stage2_max_ctas); !why.empty()) {
+    return HcFastPlanRefused(std::move(why));
+  }
   if (!request.pointers_aligned) return HcFastPlanRefused("a tensor is not 16-byte aligned");
 
   HcFastPlan plan;

@@ -27,6 +27,8 @@ inline constexpr int64_t kHcFastMaxTileBytes = 64 * 1024;  // weight tile per CT
 inline constexpr int64_t kHcFastSsParts = 8;               // a branch's sum of squares: 8 fixed parts
 inline constexpr int64_t kHcFastMaxStage1Ctas = 128;       // about one CTA per SM of an H100/H200
 inline constexpr int64_t kHcFastMaxStage2Ctas = 160;  // with 16-byte pieces (hs % 8 == 0); else 128
+// The stage 2 weight tile HcFastTuning::stage2_max_ctas may grow to (fewer CTAs, more features each).
+inline constexpr int64_t kHcFastMaxTunedStage2TileBytes = 128 * 1024;
 inline constexpr int64_t kHcFastRowTile = 16;         // rows per pass: the M of mma.m16n8k16
 inline constexpr int64_t kHcFastMaxRows = int64_t{1} << 24;  // the kernels count rows in int
 // Row counts up to which the glue picks the fast path by itself: on the H200 (bench/bench_decode.py,
@@ -80,6 +82,12 @@ struct HcFastTuning {
   // registers where the generic ones take 62, so without a limit 3 kernels wait ahead instead of 2,
   // and the chain is slower: measured on the H200 (bench/README.md, issue 15), 1 ahead is fastest.
   int64_t kernels_ahead = 1;
+  // cluster design: at most this many stage 2 CTAs (0: kHcFastMaxStage2Ctas, tiles of at most
+  // kHcFastMaxTileBytes); set, the planner takes the largest valid count up to it with a tile of up to
+  // kHcFastMaxTunedStage2TileBytes (HCFUSE_FAST_STAGE2_CTAS; a measurement knob: the real shape at 80
+  // CTAs of 32 features fits next to stage 1's 128 CTAs on an H200's 132 SMs, where 160 leave 28 CTAs
+  // waiting for stage 1 to exit)
+  int64_t stage2_max_ctas = 0;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };
