@@ -41,9 +41,12 @@ int64_t Stage1CtasPerBranch(const HcLowRankMixParams& p, int64_t cluster) {
 // of 8-column mma tiles). Preferred: hs a multiple of 8, so every up_weight row piece is 16-byte
 // copies of whole 32-byte sectors (the real shape: 160 CTAs of 16 features); else hs a multiple of
 // 4 (8-byte copies), at most 128 CTAs. max_ctas: HcFastTuning::stage2_max_ctas. 0: no tiling.
+int64_t Stage2MaxTileBytes(int64_t max_ctas) {
+  return max_ctas > 0 ? kHcFastMaxTunedStage2TileBytes : kHcFastMaxTileBytes;
+}
 int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster, int64_t max_ctas) {
   const int64_t top = max_ctas > 0 ? max_ctas : kHcFastMaxStage2Ctas;
-  const int64_t max_tile = max_ctas > 0 ? kHcFastMaxTunedStage2TileBytes : kHcFastMaxTileBytes;
+  const int64_t max_tile = Stage2MaxTileBytes(max_ctas);
   for (const int64_t piece : {8, 4}) {
     for (int64_t ctas = piece == 8 ? top : std::min<int64_t>(top, 128); ctas >= 1; --ctas) {
       const int64_t hs = p.H / ctas;
@@ -75,7 +78,7 @@ std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster, int64_t st
   }
   if (Stage2Ctas(p, cluster, stage2_max_ctas) == 0) {
     return refuse("no stage 2 tiling (4 or 8 features per CTA, a weight tile of at most " +
-                  tile(stage2_max_ctas > 0 ? kHcFastMaxTunedStage2TileBytes : kHcFastMaxTileBytes));
+                  tile(Stage2MaxTileBytes(stage2_max_ctas)));
   }
   return {};
 }

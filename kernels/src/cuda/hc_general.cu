@@ -37,7 +37,6 @@
 #include "cuda/hc_gemm.h"
 #include "cuda/hc_lowrank_mix_cuda.h"
 #include "cuda/hc_norm_inject.h"
-#include "cuda/hc_ptx.cuh"
 
 namespace hcfuse {
 namespace cuda {
@@ -131,7 +130,7 @@ struct EpilogueArgs {
 };
 
 // pre_output[row, h] = reduction_scale * sum_c hn[row, c, h] * g[row, c, h] (c in order), with
-// g = sigmoid(up) rounded. (post_gate comes from HcNormInjectKernel.) In 16-bit T a branch's VEC sigmoids
+// g = sigmoid(up) rounded. (post_gate comes from the norm kernel, hc_norm_inject.cu.) In 16-bit T a branch's VEC sigmoids
 // take SigmoidInRange where all VEC up allow it: the same bits as Sigmoid, without a branch per element
 // around the division's slow path (measured on an H200, real shape, bf16, ncu: 67.5 -> 56.2 us at 4096
 // rows, 19.7 -> 16.7 at 1024, 8.3 -> 7.2 at 256).

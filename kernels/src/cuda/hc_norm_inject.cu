@@ -552,13 +552,13 @@ int NormThreads(int64_t H, int vec) {
 // fill the GPU (the choice changes no bit, see the kernel).
 int NormRowsPerBlock(int64_t rows) { return rows >= 2048 ? 4 : rows >= 512 ? 2 : 1; }
 
-// Whether HcNormInjectResidentKernel runs: C = 4, 16-bit T with 16-byte vectors (PickVec's 8) and a
-// 16-byte aligned inject_weight, H a multiple of 256 (whole warps of 8 features a thread) up to
+// Whether HcNormInjectResidentKernel runs: C = 4, 16-byte vectors of 8 elements (PickVec's 8, so
+// 16-bit T) and a 16-byte aligned inject_weight, H a multiple of 256 (whole warps of 8 features a thread) up to
 // 8 * kResidentMaxThreads, its stages within the device's shared memory per block (static arrays: ~1 KB).
 template <typename T>
 bool ResidentFits(const NormArgs<T>& a, int vec, const HcDeviceCaps& caps) {
   const size_t smem = ResidentSmemBytes(a.H, a.prev_block_output != nullptr) + 1024;
-  return sizeof(T) == 2 && a.C == kResidentC && vec == kResidentVec && a.H % (32 * kResidentVec) == 0 &&
+  return a.C == kResidentC && vec == kResidentVec && a.H % (32 * kResidentVec) == 0 &&
          a.H <= int64_t{kResidentVec} * kResidentMaxThreads && AlignmentOf(a.inject_weight) >= 16 &&
          caps.sm_count > 0 && static_cast<int64_t>(smem) <= caps.max_shared_memory_per_block;
 }
