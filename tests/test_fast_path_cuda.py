@@ -275,16 +275,6 @@ def test_fewer_stage2_ctas_give_the_same_bits(fast_session, rng, monkeypatch, dt
     _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_STAGE2_CTAS", "0", "80")
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("rows", [1, 3, 16])
-def test_wide_real_shape_kernels_give_the_same_bits(fast_session, rng, monkeypatch, dtype, rows):
-    """With HCFUSE_FAST_STAGE2_CTAS=80 the real shape runs its constant-tiling kernels of 80 stage 2 CTAs
-    (HcFastRealShapeWide); they compute what the generic kernels compute (HCFUSE_FAST_REAL_SHAPE=0), bit
-    for bit."""
-    monkeypatch.setenv("HCFUSE_FAST_STAGE2_CTAS", "80")
-    _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_REAL_SHAPE", "0", "1")
-
-
 @pytest.mark.parametrize("name,value,message", [
     ("HCFUSE_FAST_SS_LOCAL_ROWS", "many", "HCFUSE_FAST_SS_LOCAL_ROWS must be an integer >= 0"),
     ("HCFUSE_FAST_STAGE2_CTAS", "-8", "HCFUSE_FAST_STAGE2_CTAS must be an integer >= 0"),

@@ -88,16 +88,14 @@ def test_real_shape_decode_rows_take_the_cluster_design(plan, rows, prologue):
 # HcFastTuning::stage2_max_ctas (HCFUSE_FAST_STAGE2_CTAS): the largest valid stage 2 CTA count up to it.
 # 80 CTAs of 32 features: C*32 = 128 columns, stride 136; tile 320 x 136 x 2 = 87040 (over the default
 # 64 KiB, within the tuned 128 KiB): tile + A 2*(rt+1)*328 + hn 2*rt*128 + g 4*rt*128 + mbarrier 8
-# = 87704 + 1424 * rt. The real shape's constant-tiling kernels run at 160 CTAs (HcFastRealShape) and at 80
-# (HcFastRealShapeWide), the generic ones at any other count. A limit above 160 allows more CTAs too
-# (1000: 320 CTAs of 8 features).
+# = 87704 + 1424 * rt. The real shape's constant-tiling kernels are for 160 CTAs: the generic ones run.
+# A limit above 160 allows more CTAs too (1000: 320 CTAs of 8 features).
 @pytest.mark.parametrize("requested,ctas", [(80, 80), (100, 80), (159, 80), (160, 160), (1000, 320), (64, 64)])
 def test_stage2_cta_limit_picks_the_largest_tiling_up_to_it(plan, requested, ctas):
     p = plan(rows=1, stage2=requested)
     assert p["ok"], p
     assert p["stage2_ctas"] == ctas and p["dims"]["hs"] == 2560 // ctas and p["dims"]["piece"] == 8
-    assert p["real_shape_kernels"] == (ctas in (80, 160))
-    assert not plan(rows=1, stage2=requested, real_shape=0)["real_shape_kernels"]
+    assert p["real_shape_kernels"] == (ctas == 160)
     if ctas == 80:
         assert p["stage2_shared_bytes"] == 87704 + 1424 * 1
     # stage 1 is untouched

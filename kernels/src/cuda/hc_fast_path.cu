@@ -41,14 +41,14 @@ using FastDims = HcFastClusterDims;
 using Stage1Layout = HcFastStage1Layout;
 using Stage2Layout = HcFastStage2Layout;
 
-// The real shape's tiling with clusters of 8 (S: HcFastRealShape or HcFastRealShapeWide, C=4, H=2560,
-// R=320) as compile-time constants. The kernels are templates on their dims type D; with D =
-// RealShapeDims<S>, `d.ks` and the rest name these constants (they hide the base's fields of the same
-// name), so the post-wait index math folds into shifts and constant multiplies instead of runtime
-// divisions and 64-bit arithmetic on loaded values. The arithmetic on data is the generic kernels', so are
-// the bits; the plan picks these kernels when its dims equal the constants (HcFastPlan::real_shape_kernels).
-template <typename S>
+// The real shape's tiling with clusters of 8 (HcFastRealShape: C=4, H=2560, R=320) as compile-time
+// constants. The kernels are templates on their dims type D; with D = RealShapeDims, `d.ks` and the rest
+// name these constants (they hide the base's fields of the same name), so the post-wait index math
+// folds into shifts and constant multiplies instead of runtime divisions and 64-bit arithmetic on
+// loaded values. The arithmetic on data is the generic kernels', so are the bits; the plan picks these
+// kernels when its dims equal the constants (HcFastPlan::real_shape_kernels).
 struct RealShapeDims : FastDims {
+  using S = HcFastRealShape;
   static constexpr int C = S::C, H = S::H, R = S::R, K = S::K, np = S::np;
   static constexpr int ks = S::ks, ldb1 = S::ldb1, lda1 = S::lda1, cpb = S::cpb, per1 = S::per1, groups = S::groups,
                        g4 = S::g4;
@@ -471,19 +471,14 @@ cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPla
   return {};
 }
 
-// The real shape's kernels where the plan's tiling is one of theirs (RealShapeDims), the generic ones elsewhere.
+// The real shape's kernels where the plan's tiling is theirs (RealShapeDims), the generic ones elsewhere.
 template <typename T, int CL>
 cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& plan, void* scratch,
                                   cudaStream_t stream, bool weights_are_constant) {
   const FastDims& d = plan.cluster_dims;
   if constexpr (CL == 8) {
     if (plan.real_shape_kernels && HcFastRealShape::Matches(d, CL)) {
-      return LaunchStagesWith<T, CL>(args, plan, RealShapeDims<HcFastRealShape>::From(d), scratch, stream,
-                                     weights_are_constant);
-    }
-    if (plan.real_shape_kernels && HcFastRealShapeWide::Matches(d, CL)) {
-      return LaunchStagesWith<T, CL>(args, plan, RealShapeDims<HcFastRealShapeWide>::From(d), scratch, stream,
-                                     weights_are_constant);
+      return LaunchStagesWith<T, CL>(args, plan, RealShapeDims::From(d), scratch, stream, weights_are_constant);
     }
   }
   return LaunchStagesWith<T, CL>(args, plan, d, scratch, stream, weights_are_constant);

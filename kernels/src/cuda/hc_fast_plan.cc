@@ -208,6 +208,13 @@ void LimitKernelsAhead(HcFastPlan& plan, const HcDeviceCaps& caps, int64_t ahead
 
 }  // namespace
 
+bool HcFastRealShape::Matches(const HcFastClusterDims& d, int cluster_size) {
+  return cluster_size == cluster && d.C == C && d.H == H && d.R == R && d.K == K && d.np == np && d.ks == ks &&
+         d.ldb1 == ldb1 && d.lda1 == lda1 && d.cpb == cpb && d.per1 == per1 && d.groups == groups && d.g4 == g4 &&
+         d.hs == hs && d.n2 == n2 && d.ldu == ldu && d.piece == piece && d.rp == rp && d.lda2 == lda2 &&
+         d.per2 == per2;
+}
+
 HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& caps, const HcFastTuning& tuning,
                          const HcFastRequest& request) {
   if (request.element_bytes != 2) return HcFastPlanRefused("the fast path runs float16 and bfloat16 only");
@@ -243,8 +250,7 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
     plan.stage1_shared_bytes = HcFastStage1Layout(d, plan.cluster).total;
     plan.stage2_shared_bytes = HcFastStage2Layout(d).total;
     plan.scratch.hn = Align256(rows * d.np * d.g4 * sizeof(float));
-    plan.real_shape_kernels = tuning.real_shape_kernels && (HcFastRealShape::Matches(d, plan.cluster) ||
-                                                            HcFastRealShapeWide::Matches(d, plan.cluster));
+    plan.real_shape_kernels = tuning.real_shape_kernels && HcFastRealShape::Matches(d, plan.cluster);
     if (plan.real_shape_kernels) LimitKernelsAhead(plan, caps, tuning.kernels_ahead);
   }
   plan.scratch.total = plan.scratch.hn + Align256(rows * params.width() * 2);

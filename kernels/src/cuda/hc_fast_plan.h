@@ -219,7 +219,7 @@ struct HcFastPlan {
   HcFastScratch scratch;          // all zero for zero rows
   HcFastClusterDims cluster_dims{};  // the kernels' arguments when design == kCluster
   HcFastPlainDims plain_dims{};      // when design == kPlain
-  bool real_shape_kernels = false;   // launch the real shape's kernels (HcFastRealShape or HcFastRealShapeWide)
+  bool real_shape_kernels = false;   // launch the real shape's kernels (HcFastRealShape)
 
   bool ok() const { return reason.empty(); }
   size_t shared_memory_bytes() const {
@@ -227,24 +227,15 @@ struct HcFastPlan {
   }
 };
 
-// The real shape's cluster tiling (C=4, H=2560, R=320: Qwen3.8-Flash-Next, clusters of 8) with stage 2
-// in H / HS CTAs of HS features, which hc_fast_path.cu also compiles as constants (RealShapeDims): the
-// plan runs those kernels when the call's dims equal one of the two, HcFastRealShape (160 stage 2 CTAs,
-// the default plan) or HcFastRealShapeWide (80, HCFUSE_FAST_STAGE2_CTAS=80).
-template <int HS>
-struct HcFastRealShapeOf {
+// The real shape's cluster tiling (C=4, H=2560, R=320: Qwen3.8-Flash-Next, clusters of 8), which
+// hc_fast_path.cu also compiles as constants (RealShapeDims): the plan runs those kernels when the
+// call's dims equal these.
+struct HcFastRealShape {
   static constexpr int cluster = 8, C = 4, H = 2560, R = 320, K = 10240, np = 324;
   static constexpr int ks = 80, ldb1 = 328, lda1 = 88, cpb = 32, per1 = 48, groups = 16, g4 = 16;
-  static constexpr int hs = HS, n2 = C * HS, ldu = C * HS + 8, piece = 8, rp = 320, lda2 = 328, per2 = 40;
-  static bool Matches(const HcFastClusterDims& d, int cluster_size) {
-    return cluster_size == cluster && d.C == C && d.H == H && d.R == R && d.K == K && d.np == np && d.ks == ks &&
-           d.ldb1 == ldb1 && d.lda1 == lda1 && d.cpb == cpb && d.per1 == per1 && d.groups == groups &&
-           d.g4 == g4 && d.hs == hs && d.n2 == n2 && d.ldu == ldu && d.piece == piece && d.rp == rp &&
-           d.lda2 == lda2 && d.per2 == per2;
-  }
+  static constexpr int hs = 16, n2 = 64, ldu = 72, piece = 8, rp = 320, lda2 = 328, per2 = 40;
+  static bool Matches(const HcFastClusterDims& d, int cluster_size);
 };
-using HcFastRealShape = HcFastRealShapeOf<16>;
-using HcFastRealShapeWide = HcFastRealShapeOf<32>;
 
 // A plan that says only why the fast path does not run a call.
 inline HcFastPlan HcFastPlanRefused(std::string reason) {
