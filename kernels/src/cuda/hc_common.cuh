@@ -13,6 +13,9 @@
 namespace hcfuse {
 namespace cuda {
 
+// Grid cap of the kernels that loop over rows or row groups: any row count fits the grid's limits.
+constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
+
 // ---- T <-> fp32. FromFloat rounds to nearest even and keeps NaN a NaN (the cuda_fp16/bf16 intrinsics).
 template <typename T>
 __device__ __forceinline__ float ToFloat(T v);

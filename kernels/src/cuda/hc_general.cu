@@ -43,8 +43,7 @@ namespace cuda {
 namespace {
 
 constexpr int kElementwiseThreads = 256;
-// Grid caps: the kernels loop over rows / elements, so any count fits the grid limits.
-constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
+// Grid cap of the element-wise kernels, which loop over elements (rows: kMaxRowBlocks, hc_common.cuh).
 constexpr int64_t kMaxElementwiseBlocks = int64_t{1} << 16;
 
 // Row chunks of the split down product (SplitChunkRows).

@@ -25,7 +25,6 @@ namespace cuda {
 namespace {
 
 constexpr int kMaxNormThreads = 256;
-constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;  // the kernels loop over row groups
 // Inject columns one pass of HcNormInjectKernel accumulates (one pass when C <= 8).
 constexpr int kInjectGroup = 8;
 
