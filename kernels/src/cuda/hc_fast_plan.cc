@@ -37,13 +37,15 @@ int64_t Stage1CtasPerBranch(const HcLowRankMixParams& p, int64_t cluster) {
   return 0;
 }
 
+// The largest stage 2 weight tile: the tuned limit once HcFastTuning::stage2_max_ctas is set.
+int64_t Stage2MaxTileBytes(int64_t max_ctas) {
+  return max_ctas > 0 ? kHcFastMaxTunedStage2TileBytes : kHcFastMaxTileBytes;
+}
+
 // Stage 2 CTAs: each takes hs = H / ctas features of every branch (C * hs columns, a whole number
 // of 8-column mma tiles). Preferred: hs a multiple of 8, so every up_weight row piece is 16-byte
 // copies of whole 32-byte sectors (the real shape: 160 CTAs of 16 features); else hs a multiple of
 // 4 (8-byte copies), at most 128 CTAs. max_ctas: HcFastTuning::stage2_max_ctas. 0: no tiling.
-int64_t Stage2MaxTileBytes(int64_t max_ctas) {
-  return max_ctas > 0 ? kHcFastMaxTunedStage2TileBytes : kHcFastMaxTileBytes;
-}
 int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster, int64_t max_ctas) {
   const int64_t top = max_ctas > 0 ? max_ctas : kHcFastMaxStage2Ctas;
   const int64_t max_tile = Stage2MaxTileBytes(max_ctas);
