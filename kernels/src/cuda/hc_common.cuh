@@ -16,6 +16,38 @@ namespace cuda {
 // Grid cap of the kernels that loop over rows or row groups: any row count fits the grid's limits.
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 
+// One kernel launch with its cluster size (1: none) and programmatic stream serialization (use_pdl:
+// the kernel may start before the previous one on the stream ends, so it calls ptx::WaitOnProducer
+// before it reads anything that kernel, or any before it, writes; sm_90 only).
+template <typename Kernel, typename... Args>
+cudaError_t Launch(Kernel kernel, int grid, int threads, size_t smem, int cluster, bool use_pdl, cudaStream_t stream,
+                   Args... args) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  if (cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (use_pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = attrs;
+  config.numAttrs = n;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // ---- T <-> fp32. FromFloat rounds to nearest even and keeps NaN a NaN (the cuda_fp16/bf16 intrinsics).
 template <typename T>
 __device__ __forceinline__ float ToFloat(T v);
@@ -87,9 +119,25 @@ __device__ __forceinline__ float SigmoidInRange(float x) {
 
 // The per-element formulas of SPEC.md in fp32, written without contraction (the __f*_rn
 // intrinsics) so both CUDA paths compute what hcfuse.reference computes in NumPy fp32.
+//
+// One step of a sum of squares or dot product as the reference writes it: product rounded, then added.
+// Where T is 16-bit, a and b are T values, whose product is exact in fp32 (at most 22 significant
+// bits): rounding it before the add changes nothing, so one FMA gives the same bits in one instruction
+// instead of two. (bfloat16 products under 2^-133, which fp32 holds only rounded, are the exception:
+// there the FMA adds the exact product.)
+template <typename T>
+__device__ __forceinline__ float MulAdd(float a, float b, float acc) {
+  if constexpr (sizeof(T) == 2) {
+    return __fmaf_rn(a, b, acc);
+  } else {
+    return __fadd_rn(acc, __fmul_rn(a, b));
+  }
+}
+
 // Prologue: S = streams + prev_post_gate[c] * prev_block_output[h], rounded once by the caller.
+template <typename T>
 __device__ __forceinline__ float PrologueS(float streams, float prev_gate, float prev_out) {
-  return __fadd_rn(streams, __fmul_rn(prev_gate, prev_out));
+  return MulAdd<T>(prev_gate, prev_out, streams);
 }
 
 // 1 / rms of one branch from its fp32 sum of squares: 1 / sqrt(mean_h(S^2) + epsilon).
@@ -101,9 +149,6 @@ __device__ __forceinline__ float BranchInvRms(float sum_sq, int64_t H, float eps
 __device__ __forceinline__ float NormalizeHn(float s, float inv_rms, float scale) {
   return __fmul_rn(__fmul_rn(s, inv_rms), scale);
 }
-
-// One step of a sum of squares or dot product as the reference writes it: product rounded, then added.
-__device__ __forceinline__ float MulAdd(float a, float b, float acc) { return __fadd_rn(acc, __fmul_rn(a, b)); }
 
 // ScaledSiLU's three rounding points (Z, SG, hidden) from the rounded down projection.
 template <typename T>

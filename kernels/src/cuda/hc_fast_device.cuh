@@ -106,7 +106,7 @@ __device__ __forceinline__ void S4FromVecs(const cuda::Vec<T, 4>& sv, const cuda
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     s[j] = ToFloat<T>(sv.v[j]);
-    if constexpr (PRO) s[j] = RoundToT<T>(cuda::PrologueS(s[j], gate, ToFloat<T>(pv.v[j])));
+    if constexpr (PRO) s[j] = RoundToT<T>(cuda::PrologueS<T>(s[j], gate, ToFloat<T>(pv.v[j])));
   }
 }
 
@@ -195,35 +195,7 @@ __device__ __forceinline__ void PreMix(const T* hn_s, const float* g_s, int nr, 
 }
 
 // ---- Host side of both designs.
-// One kernel launch with its cluster size (1: none) and programmatic stream serialization.
-template <typename Kernel, typename... Args>
-cudaError_t Launch(Kernel kernel, int grid, int threads, size_t smem, int cluster, bool use_pdl, cudaStream_t stream,
-                   Args... args) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
-  if (cluster > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = cluster;
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (use_pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = attrs;
-  config.numAttrs = n;
-  return cudaLaunchKernelEx(&config, kernel, args...);
-}
+using cuda::Launch;  // hc_common.cuh
 
 }  // namespace fast
 }  // namespace hcfuse

@@ -181,7 +181,7 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
               float s[4];
               S4FromVecs<T, PRO>(sv[b], pv[b], gate, s);
 #pragma unroll
-              for (int j = 0; j < 4; ++j) ss = cuda::MulAdd(s[j], s[j], ss);
+              for (int j = 0; j < 4; ++j) ss = cuda::MulAdd<T>(s[j], s[j], ss);
               if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
             }
           }
@@ -191,7 +191,7 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
             float s[4];
             LoadS4<T, PRO>(srow + p * L + q, PRO ? prow + p * L + q : nullptr, gate, s);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) ss = cuda::MulAdd(s[j], s[j], ss);
+            for (int j = 0; j < 4; ++j) ss = cuda::MulAdd<T>(s[j], s[j], ss);
             if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
           }
         }

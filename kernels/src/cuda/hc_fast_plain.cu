@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) HcFastPlainStage1Kernel(
           for (int u = 0; u < kRowBatch; ++u) {
             if (i0 + u >= nr) continue;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) ss[u] = cuda::MulAdd(s[u][j], s[u][j], ss[u]);
+            for (int j = 0; j < 4; ++j) ss[u] = cuda::MulAdd<T>(s[u][j], s[u][j], ss[u]);
             if (f >= 0 && f < d.slice) {
               cuda::Vec<T, 4> sv;
 #pragma unroll

@@ -34,7 +34,7 @@ __device__ __forceinline__ Vec<T, VEC> PrologueVec(Vec<T, VEC> s, float gate, co
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     // rounding point: S
-    s.v[j] = FromFloat<T>(PrologueS(ToFloat(s.v[j]), gate, ToFloat(prev.v[j])));
+    s.v[j] = FromFloat<T>(PrologueS<T>(ToFloat(s.v[j]), gate, ToFloat(prev.v[j])));
   }
   return s;
 }
@@ -123,6 +123,7 @@ __device__ __forceinline__ uint32_t& Word(uint4& v, int k) { return reinterpret_
 // on the row count, the grid, the row it is grouped with or its slot.
 template <typename T, bool PROLOGUE, bool STREAMS_OUT>
 __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKernel(NormArgs<T> a) {
+  ptx::WaitOnProducer();  // launched early (PDL): streams and the prologue inputs come from upstream
   constexpr int C = kResidentC, ROWS = kResidentRows, STAGES = kResidentStages;
   constexpr int kWords = kResidentVec / 2;             // words of one branch's 8 features
   constexpr int kWeightWords = kResidentVec * C / 2;   // words of one branch's 8 inject_weight rows
@@ -218,11 +219,11 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
           float2 x = UnpackPair<T>(Word(s, k));
           if constexpr (PROLOGUE) {
             // rounding point: S
-            Word(s, k) = PackPair<T>(PrologueS(x.x, gate[r][c], prev[k].x), PrologueS(x.y, gate[r][c], prev[k].y));
+            Word(s, k) = PackPair<T>(PrologueS<T>(x.x, gate[r][c], prev[k].x), PrologueS<T>(x.y, gate[r][c], prev[k].y));
             x = UnpackPair<T>(Word(s, k));
           }
-          acc = MulAdd(x.x, x.x, acc);
-          acc = MulAdd(x.y, x.y, acc);
+          acc = MulAdd<T>(x.x, x.x, acc);
+          acc = MulAdd<T>(x.y, x.y, acc);
         }
         if constexpr (PROLOGUE) st[(r * C + c) * vecs + t] = s;  // S in place for pass 2
         if constexpr (STREAMS_OUT) {
@@ -359,6 +360,7 @@ constexpr size_t kMaxNormCacheBytes = 104 * 1024;
 // every ROWS, CC, MODE, grid and row count.
 template <typename T, int VEC, int ROWS, int CC, int MODE>
 __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArgs<T> a) {
+  ptx::WaitOnProducer();  // launched early (PDL): streams and the prologue inputs come from upstream
   // pass 1: up to 8 S vectors in flight (all 4 branches for 1 and 2 rows a block)
   constexpr int BR1 = CC > 0 ? (ROWS * CC <= 8 ? CC : (8 / ROWS > 0 ? 8 / ROWS : 1)) : 1;
   // pass 2: two branches a step with one row a block, one otherwise (more would cost residency: <= 128 registers)
@@ -414,7 +416,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
               if constexpr (MODE == kCache) StoreVec<T, VEC>(s_cache + (r * C + b0 + cb + b) * a.H + h, s[b][r]);
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
-                sum_sq[b][r] = MulAdd(ToFloat(s[b][r].v[j]), ToFloat(s[b][r].v[j]), sum_sq[b][r]);
+                sum_sq[b][r] = MulAdd<T>(ToFloat(s[b][r].v[j]), ToFloat(s[b][r].v[j]), sum_sq[b][r]);
               }
             }
           }
@@ -566,20 +568,15 @@ bool ResidentFits(const NormArgs<T>& a, int vec, const HcDeviceCaps& caps) {
 template <typename T, bool PROLOGUE, bool STREAMS_OUT>
 cudaError_t LaunchResidentKernel(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream,
                                  NormLaunch* info) {
-  auto* kernel = HcNormInjectResidentKernel<T, PROLOGUE, STREAMS_OUT>;
   const size_t smem = ResidentSmemBytes(a.H, PROLOGUE);
-  if (const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      e != cudaSuccess) {
-    return e;
-  }
   const int64_t groups = (a.rows + kResidentRows - 1) / kResidentRows;
   info->kernel = "HcNormInjectResidentKernel (weights in registers, S cp.async-prefetched)";
   info->blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(groups, caps.sm_count)));
   info->threads = static_cast<int>(a.H / kResidentVec);
   info->rows_per_block = kResidentRows;
-  kernel<<<info->blocks, info->threads, smem, stream>>>(a);
-  return cudaGetLastError();
+  // PDL where the kernel's wait is compiled in (sm_90): it launches while the previous kernel ends
+  return Launch(HcNormInjectResidentKernel<T, PROLOGUE, STREAMS_OUT>, info->blocks, info->threads, smem, 1,
+                HcFastUsesSm90Features(caps.sm_major), stream, a);
 }
 
 template <typename T>
@@ -603,30 +600,21 @@ bool NormInjectFixedC(const NormArgs<T>& a) {
   return false;
 }
 
-// Launches one instantiation with `smem` bytes of dynamic shared memory (opted in above 48 KB).
+// Launches one instantiation with `smem` bytes of dynamic shared memory, with PDL where `pdl`.
 template <typename T, int VEC, int ROWS, int CC, int MODE>
-cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, size_t smem, cudaStream_t stream, NormLaunch* info) {
-  auto* kernel = HcNormInjectKernel<T, VEC, ROWS, CC, MODE>;
+cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, size_t smem, bool pdl, cudaStream_t stream, NormLaunch* info) {
   const int64_t groups = (a.rows + ROWS - 1) / ROWS;
   info->kernel = MODE == kCache ? "HcNormInjectKernel (S kept in shared memory)" : "HcNormInjectKernel (S formed twice)";
   info->blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min(groups, kMaxRowBlocks)));
   info->rows_per_block = ROWS;
-  if (smem > 48 * 1024) {
-    if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(smem));
-        e != cudaSuccess) {
-      return e;
-    }
-  }
-  kernel<<<info->blocks, info->threads, smem, stream>>>(a);
-  return cudaGetLastError();
+  return Launch(HcNormInjectKernel<T, VEC, ROWS, CC, MODE>, info->blocks, info->threads, smem, 1, pdl, stream, a);
 }
 
 // HcNormInjectKernel's instantiation (no choice changes a bit): the fixed-C kernel with rows per block
 // by row count, or the generic one (one row a block); kCache where the rows fit kMaxNormCacheBytes
 // (fewer rows a block until they do), else kFormTwice (very wide rows).
 template <typename T, int VEC>
-cudaError_t LaunchNormInjectVec(const NormArgs<T>& a, cudaStream_t stream, NormLaunch* info) {
+cudaError_t LaunchNormInjectVec(const NormArgs<T>& a, bool pdl, cudaStream_t stream, NormLaunch* info) {
   const bool fixed_c = NormInjectFixedC<T, VEC>(a);
   int rows = fixed_c ? NormRowsPerBlock(a.rows) : 1;
   auto smem = [&](NormMode m, int r) { return NormSmemBytes(m, r, a.C, a.H, sizeof(T)); };
@@ -637,16 +625,16 @@ cudaError_t LaunchNormInjectVec(const NormArgs<T>& a, cudaStream_t stream, NormL
     if (fixed_c) {
       if (mode == kCache) {
         switch (rows) {
-          case 4: return LaunchNormInjectKernel<T, VEC, 4, 4, kCache>(a, bytes, stream, info);
-          case 2: return LaunchNormInjectKernel<T, VEC, 2, 4, kCache>(a, bytes, stream, info);
-          default: return LaunchNormInjectKernel<T, VEC, 1, 4, kCache>(a, bytes, stream, info);
+          case 4: return LaunchNormInjectKernel<T, VEC, 4, 4, kCache>(a, bytes, pdl, stream, info);
+          case 2: return LaunchNormInjectKernel<T, VEC, 2, 4, kCache>(a, bytes, pdl, stream, info);
+          default: return LaunchNormInjectKernel<T, VEC, 1, 4, kCache>(a, bytes, pdl, stream, info);
         }
       }
-      return LaunchNormInjectKernel<T, VEC, 1, 4, kFormTwice>(a, bytes, stream, info);
+      return LaunchNormInjectKernel<T, VEC, 1, 4, kFormTwice>(a, bytes, pdl, stream, info);
     }
   }
-  return mode == kCache ? LaunchNormInjectKernel<T, VEC, 1, 0, kCache>(a, bytes, stream, info)
-                        : LaunchNormInjectKernel<T, VEC, 1, 0, kFormTwice>(a, bytes, stream, info);
+  return mode == kCache ? LaunchNormInjectKernel<T, VEC, 1, 0, kCache>(a, bytes, pdl, stream, info)
+                        : LaunchNormInjectKernel<T, VEC, 1, 0, kFormTwice>(a, bytes, pdl, stream, info);
 }
 
 }  // namespace
@@ -658,11 +646,12 @@ cudaError_t LaunchNormInject(const NormArgs<T>& a, const HcDeviceCaps& caps, cud
     if (ResidentFits(a, info->vec, caps)) return LaunchResident(a, caps, stream, info);
   }
   info->threads = NormThreads(a.H, info->vec);
+  const bool pdl = HcFastUsesSm90Features(caps.sm_major);  // the kernels' PDL wait is compiled for sm_90 only
   switch (info->vec) {
-    case 8: return LaunchNormInjectVec<T, 8>(a, stream, info);
-    case 4: return LaunchNormInjectVec<T, 4>(a, stream, info);
-    case 2: return LaunchNormInjectVec<T, 2>(a, stream, info);
-    default: return LaunchNormInjectVec<T, 1>(a, stream, info);
+    case 8: return LaunchNormInjectVec<T, 8>(a, pdl, stream, info);
+    case 4: return LaunchNormInjectVec<T, 4>(a, pdl, stream, info);
+    case 2: return LaunchNormInjectVec<T, 2>(a, pdl, stream, info);
+    default: return LaunchNormInjectVec<T, 1>(a, pdl, stream, info);
   }
 }
 
