@@ -14,7 +14,8 @@
 // On sm_90 the norm, reduction and epilogue kernels launch with programmatic dependent launch: each
 // starts while the kernel before it ends and waits for it (ptx::WaitOnProducer) before any read; the
 // epilogue releases the next kernel once all its blocks have stored (measured on an H200, bf16: the
-// general path's chain 2.8-3.2 us a block faster at 1-32 rows; cuBLASLt's products launch as before).
+// general path's chain 2.8-3.6 us a block faster at 1-32 rows, 3.3-5.5 at 256-1024; cuBLASLt's
+// products launch as before).
 //
 // Four row ranges (hc_gemm.h), which differ in the down and up products only:
 //   few rows   rows <  kHcMidMinRows (256): HcSplitCount(C*H) slices (40 for the real shape: enough
@@ -335,6 +336,9 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   // The norm, reduction and epilogue kernels launch with PDL where their wait is compiled in (sm_90):
   // each starts while the kernel before it ends and waits for it before reading its outputs.
   const bool pdl = HcFastUsesSm90Features(caps.sm_major);
+  auto launch_elementwise = [&](const char* step, auto* kernel, unsigned blocks, const auto& args) {
+    return CudaFailure(step, Launch(kernel, blocks, kElementwiseThreads, 0, 1, pdl, stream, args));
+  };
   const NormArgs<T> norm{t.streams, t.norm_scale, t.inject_weight, t.prev_block_output, t.prev_post_gate,
                          t.streams_out, hn, t.post_gate, rows, C, H, p.epsilon, p.gate_div, p.gate_mul};
   NormLaunch norm_launch;
@@ -366,11 +370,7 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     auto* reduce_kernel = reduce_vec == 4   ? HcSplitReduceKernel<T, 4>
                           : reduce_vec == 2 ? HcSplitReduceKernel<T, 2>
                                             : HcSplitReduceKernel<T, 1>;
-    if (auto s = CudaFailure("HcSplitReduceKernel",
-                             Launch(reduce_kernel, reduce_blocks, kElementwiseThreads, 0, 1, pdl, stream, reduce));
-        !s.ok()) {
-      return s;
-    }
+    if (auto s = launch_elementwise("HcSplitReduceKernel", reduce_kernel, reduce_blocks, reduce); !s.ok()) return s;
   }
 
   if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
@@ -386,11 +386,7 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
                     : epi_vec == 4 ? HcGateEpilogueKernel<T, 4>
                     : epi_vec == 2 ? HcGateEpilogueKernel<T, 2>
                                    : HcGateEpilogueKernel<T, 1>;
-  if (auto s = CudaFailure("HcGateEpilogueKernel",
-                           Launch(epi_kernel, epi_blocks, kElementwiseThreads, 0, 1, pdl, stream, epi));
-      !s.ok()) {
-    return s;
-  }
+  if (auto s = launch_elementwise("HcGateEpilogueKernel", epi_kernel, epi_blocks, epi); !s.ok()) return s;
 
   if (debug) {
     std::fprintf(stderr,
