@@ -22,8 +22,11 @@ constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 template <typename Kernel, typename... Args>
 cudaError_t Launch(Kernel kernel, int grid, int threads, size_t smem, int cluster, bool use_pdl, cudaStream_t stream,
                    Args... args) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
+  if (smem > 48 * 1024) {  // only above 48 KB must a kernel opt in to its dynamic shared memory
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(threads);

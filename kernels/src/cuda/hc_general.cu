@@ -333,8 +333,9 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   float* down_partial = reinterpret_cast<float*>(base + layout.down_partial);
   void* workspace = base + layout.workspace;  // cuBLASLt's (HcLtGemm::kWorkspaceBytes)
 
-  // The norm, reduction and epilogue kernels launch with PDL where their wait is compiled in (sm_90):
-  // each starts while the kernel before it ends and waits for it before reading its outputs.
+  // The reduction and epilogue kernels launch with PDL where their wait is compiled in (sm_90), as
+  // LaunchNormInject does the norm kernel: each starts while the kernel before it ends and waits for it
+  // before reading its outputs.
   const bool pdl = HcFastUsesSm90Features(caps.sm_major);
   auto launch_elementwise = [&](const char* step, auto* kernel, unsigned blocks, const auto& args) {
     return CudaFailure(step, Launch(kernel, blocks, kElementwiseThreads, 0, 1, pdl, stream, args));
