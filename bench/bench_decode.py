@@ -13,7 +13,10 @@ chain (hcfuse.unfuse of the same model: the contrib ops and MatMul/Sigmoid/Div/M
 Each session runs under CUDA graphs with IO binding (one captured graph per row count,
 `gpu_graph_id`). us per block = slope between the 96- and 48-block chains, each the best of
 `--reps` repetitions of `--replays` replays (3 repetitions where one replay takes over --slow-ms;
-fewer replays where a repetition would take over --rep-ms, at least 2). Writes a markdown table, a CSV
+fewer replays where a repetition would take over --rep-ms, at least 2); both chains' sessions are
+open together and their repetitions alternate, so both are timed in the same state of the process (the
+general path's chains were measured 7-10% slower once another session's MatMul had run in the process;
+bench/README.md). The SM clock is printed after each variant. Writes a markdown table, a CSV
 and a PNG plot (us per block vs rows, with the memory floor - weights and activations once at
 4.24 TB/s - and the compute floor - 2 (2 K R + K C) flops per row at the matrix rate) into --out.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -151,8 +155,9 @@ class ChainRunner:
         self.outputs = [o.name for o in self.sess.get_outputs()]
         self.bindings: dict[int, tuple] = {}
 
-    def time_us(self, rows: int, graph_id: int, reps: int, replays: int, slow_s: float, rep_s: float, rng) -> float:
-        """Best over reps of the mean time of one replay, in us (the first run captures the graph)."""
+    def prepare(self, rows: int, graph_id: int, reps: int, replays: int, slow_s: float, rep_s: float,
+                rng) -> tuple[int, int]:
+        """Binds rows, captures the graph and warms it; returns (repetitions, replays per repetition)."""
         ort = self.ort
         if rows not in self.bindings:
             width = self.sess.get_inputs()[0].shape[-1]
@@ -162,25 +167,23 @@ class ChainRunner:
             io.bind_ortvalue_input("streams", streams)
             for name, v in zip(self.outputs, outs):
                 io.bind_ortvalue_output(name, v)
-            self.bindings[rows] = (io, streams, outs)
-        io = self.bindings[rows][0]
-        opts = ort.RunOptions()
-        opts.add_run_config_entry("gpu_graph_id", str(graph_id))
+            opts = ort.RunOptions()
+            opts.add_run_config_entry("gpu_graph_id", str(graph_id))
+            self.bindings[rows] = (io, streams, outs, opts)
         for _ in range(3):  # capture, then warm replays
-            self.sess.run_with_iobinding(io, opts)
-        t0 = time.perf_counter()
-        self.sess.run_with_iobinding(io, opts)
-        one = time.perf_counter() - t0
+            self.replay_s(rows, 1)
+        one = self.replay_s(rows, 1)
         if one > slow_s:  # keeps the whole run within a few minutes
             reps = min(reps, SLOW_REPS)
-        replays = max(2, min(replays, int(rep_s / one)))
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for _ in range(replays):
-                self.sess.run_with_iobinding(io, opts)
-            best = min(best, (time.perf_counter() - t0) / replays)
-        return best * 1e6
+        return reps, max(2, min(replays, int(rep_s / one)))
+
+    def replay_s(self, rows: int, replays: int) -> float:
+        """Mean seconds of one replay over `replays` back to back (prepare first)."""
+        io, _, _, opts = self.bindings[rows]
+        t0 = time.perf_counter()
+        for _ in range(replays):
+            self.sess.run_with_iobinding(io, opts)
+        return (time.perf_counter() - t0) / replays
 
     def check_finite(self, rows: int) -> None:
         """Sanity check of the last pre_output (fp16 only: the Python API reads no bf16 device tensor)."""
@@ -189,6 +192,31 @@ class ChainRunner:
             return
         if not np.isfinite(value.numpy().astype(np.float32)).all():
             raise RuntimeError(f"bench_decode: non-finite pre_output at rows={rows}")
+
+
+def time_chains(runners: dict[int, ChainRunner], rows: int, graph_id: int, reps: int, replays: int, slow_s: float,
+                rep_s: float, rng) -> dict[int, float]:
+    """Best over repetitions of each chain's mean replay time, in us. The chains' repetitions are taken in
+    turn, so that the short and the long chain of a slope are timed in the same state: on the H200 the
+    same captured graph of the general path ran 7-10% slower once another session's MatMul had run in the
+    process (at a steady 1980 MHz SM clock; bench/README.md), which a slope of a long chain timed after
+    that and its short one before would count as per-block cost."""
+    plans = {n: r.prepare(rows, graph_id, reps, replays, slow_s, rep_s, rng) for n, r in runners.items()}
+    best = dict.fromkeys(runners, float("inf"))
+    for _ in range(min(p[0] for p in plans.values())):
+        for n, r in runners.items():
+            best[n] = min(best[n], r.replay_s(rows, plans[n][1]))
+    return {n: b * 1e6 for n, b in best.items()}
+
+
+def sm_clock_mhz() -> str:
+    """The GPU's SM clock now (nvidia-smi), for the log; '?' where it cannot be read."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return out[0] if out else "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
 
 
 def floor_us(rows: int, itemsize: int) -> float:
@@ -324,23 +352,27 @@ def main() -> None:
                      if args.sublayer else None)
         variants = [*args.variants, "matmul"] if args.sublayer else args.variants
         times = {}  # (variant, blocks, rows) -> us per chain replay
-        for n in (short, long_):
-            fused = chain_model(n, dtype, elem, weights, sublayers)
-            for variant in variants:
+        fused = {n: chain_model(n, dtype, elem, weights, sublayers) for n in (short, long_)}
+        for variant in variants:
+            t0 = time.perf_counter()
+            runners = {}
+            for n in (short, long_):
                 if variant == "matmul":
                     model = matmul_chain_model(n, elem, dtype, sublayers)
                 else:
-                    model = hcfuse.unfuse(fused) if variant == "stock" else fused
-                t0 = time.perf_counter()
-                runner = ChainRunner(ort, model, variant, elem, dtype)
-                for gid, rows in enumerate(args.rows):
-                    times[variant, n, rows] = runner.time_us(rows, gid, args.reps, args.replays, args.slow_ms * 1e-3,
-                                                             args.rep_ms * 1e-3, rng)
-                    runner.check_finite(rows)
+                    model = hcfuse.unfuse(fused[n]) if variant == "stock" else fused[n]
+                runners[n] = ChainRunner(ort, model, variant, elem, dtype)
+            for gid, rows in enumerate(args.rows):
+                t = time_chains(runners, rows, gid, args.reps, args.replays, args.slow_ms * 1e-3, args.rep_ms * 1e-3, rng)
+                for n, us in t.items():
+                    times[variant, n, rows] = us
+                    runners[n].check_finite(rows)
+            for n in (short, long_):
                 print(f"{dt} {variant:7s} {n:3d} blocks: " +
-                      " ".join(f"{r}:{times[variant, n, r]:.0f}" for r in args.rows) +
-                      f" us/replay ({time.perf_counter() - t0:.1f} s)", flush=True)
-                del runner
+                      " ".join(f"{r}:{times[variant, n, r]:.0f}" for r in args.rows) + " us/replay", flush=True)
+            print(f"{dt} {variant:7s} ({time.perf_counter() - t0:.1f} s, SM clock after it {sm_clock_mhz()} MHz)",
+                  flush=True)
+            del runners
         for rows in args.rows:
             rec = {"dtype": dt, "rows": rows}
             for variant in variants:

@@ -179,6 +179,7 @@ __device__ __forceinline__ float SumRanks(const float* red, int rt, int stride, 
 
 // Stage 2's pre-mix for nr rows of a CTA's hs features (hn and g in shared memory as [row][C * hs]):
 // pre_output = reduction_scale * sum over c of hn * g, branches in order (rounding point: pre_output).
+// g is rounded to T, so MulAdd's one FMA gives the bits of a multiply then an add.
 // pre_output points at the pass's first row and the CTA's first feature (row stride H).
 template <typename T>
 __device__ __forceinline__ void PreMix(const T* hn_s, const float* g_s, int nr, int hs, int C, int H,
@@ -188,7 +189,7 @@ __device__ __forceinline__ void PreMix(const T* hn_s, const float* g_s, int nr, 
     float mix = 0.0f;
     for (int c = 0; c < C; ++c) {
       const int j = (i * C + c) * hs + hh;
-      mix = __fadd_rn(mix, __fmul_rn(ToFloat<T>(hn_s[j]), g_s[j]));
+      mix = cuda::MulAdd<T>(ToFloat<T>(hn_s[j]), g_s[j], mix);
     }
     pre_output[static_cast<size_t>(i) * H + hh] = FromFloat<T>(__fmul_rn(reduction_scale, mix));
   }
