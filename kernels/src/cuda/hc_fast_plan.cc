@@ -16,7 +16,7 @@ int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
 
 int64_t ClusterSize(int sm_major, int64_t requested) {
-  if (!HcFastUsesSm90Features(sm_major)) return 1;
+  if (!HcRunsSm90Code(sm_major)) return 1;
   return requested == 4 || requested == 8 ? requested : kHcFastClusterSize;
 }
 
@@ -184,7 +184,7 @@ HcFastPlainDims PlainDims(const HcLowRankMixParams& p, const HcFastTuning& tunin
 bool PlainRuns(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tuning) {
   if (tuning.design == HcFastDesign::kCluster) return false;
   if (tuning.design != HcFastDesign::kPlain && p.rows > kHcFastPlainMaxRows) return false;
-  if (!HcFastUsesSm90Features(sm_major) || ClusterSize(sm_major, tuning.cluster) != kHcFastPlainRanks) return false;
+  if (!HcRunsSm90Code(sm_major) || ClusterSize(sm_major, tuning.cluster) != kHcFastPlainRanks) return false;
   const int64_t cpb = Stage1CtasPerBranch(p, kHcFastPlainRanks);
   if (cpb <= 0 || cpb % kHcFastPlainRanks != 0 || cpb * p.C / kHcFastPlainRanks > 16) return false;
   const HcFastPlainDims d = PlainDims(p, tuning);
@@ -231,7 +231,7 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
   if (!request.pointers_aligned) return HcFastPlanRefused("a tensor is not 16-byte aligned");
 
   HcFastPlan plan;
-  plan.use_pdl = HcFastUsesSm90Features(caps.sm_major);
+  plan.use_pdl = HcRunsSm90Code(caps.sm_major);
   const size_t rows = static_cast<size_t>(params.rows);
   if (PlainRuns(params, caps.sm_major, tuning)) {
     const HcFastPlainDims& d = plan.plain_dims = PlainDims(params, tuning);

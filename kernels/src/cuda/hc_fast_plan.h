@@ -104,6 +104,13 @@ struct HcDeviceCaps {
   int sm_count = 0;  // cudaDevAttrMultiProcessorCount (the general path's persistent grids)
 };
 
+// Thread-block clusters and programmatic dependent launch need the kernels' sm_90 code. The build
+// carries sm_80 and sm_90a code plus compute_80 PTX, so any other compute capability runs sm_80 code
+// (sm_100 and later JIT-compile the compute_80 PTX, where the cluster step traps and the PDL wait is
+// compiled out) and must take the sm_80 configuration: no clusters, no PDL. Both CUDA paths (the fast
+// path's plan, the general path's launchers) decide by it.
+inline bool HcRunsSm90Code(int sm_major) { return sm_major == 9; }
+
 // What the plan needs to know of the call besides its shapes.
 struct HcFastRequest {
   int element_bytes = 2;          // the fast path runs 2-byte types (float16, bfloat16) only
@@ -251,12 +258,6 @@ inline HcFastPlan HcFastPlanRefused(std::string reason) {
 // kHcFastMaxAutoRows rows (unless forced); more than kHcFastMaxRows rows.
 HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& caps, const HcFastTuning& tuning,
                          const HcFastRequest& request);
-
-// Thread-block clusters and programmatic dependent launch need the kernels' sm_90 code. The build
-// carries sm_80 and sm_90a code plus compute_80 PTX, so any other compute capability runs sm_80 code
-// (sm_100 and later JIT-compile the compute_80 PTX, where the cluster step traps and the PDL wait is
-// compiled out) and must take the sm_80 configuration: no clusters, no PDL.
-inline bool HcFastUsesSm90Features(int sm_major) { return sm_major == 9; }
 
 // Every pointer the kernels read with 16-byte (cp.async / vector) accesses is 16-byte aligned.
 inline bool HcFastPointersAligned(std::initializer_list<const void*> ptrs) {

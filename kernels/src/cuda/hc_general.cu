@@ -336,7 +336,7 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   // The reduction and epilogue kernels launch with PDL where their wait is compiled in (sm_90), as
   // LaunchNormInject does the norm kernel: each starts while the kernel before it ends and waits for it
   // before reading its outputs.
-  const bool pdl = HcFastUsesSm90Features(caps.sm_major);
+  const bool pdl = HcRunsSm90Code(caps.sm_major);
   auto launch_elementwise = [&](const char* step, auto* kernel, unsigned blocks, const auto& args) {
     return CudaFailure(step, Launch(kernel, blocks, kElementwiseThreads, 0, 1, pdl, stream, args));
   };

@@ -576,7 +576,7 @@ cudaError_t LaunchResidentKernel(const NormArgs<T>& a, const HcDeviceCaps& caps,
   info->rows_per_block = kResidentRows;
   // PDL where the kernel's wait is compiled in (sm_90): it launches while the previous kernel ends
   return Launch(HcNormInjectResidentKernel<T, PROLOGUE, STREAMS_OUT>, info->blocks, info->threads, smem, 1,
-                HcFastUsesSm90Features(caps.sm_major), stream, a);
+                HcRunsSm90Code(caps.sm_major), stream, a);
 }
 
 template <typename T>
@@ -646,7 +646,7 @@ cudaError_t LaunchNormInject(const NormArgs<T>& a, const HcDeviceCaps& caps, cud
     if (ResidentFits(a, info->vec, caps)) return LaunchResident(a, caps, stream, info);
   }
   info->threads = NormThreads(a.H, info->vec);
-  const bool pdl = HcFastUsesSm90Features(caps.sm_major);  // the kernels' PDL wait is compiled for sm_90 only
+  const bool pdl = HcRunsSm90Code(caps.sm_major);  // the kernels' PDL wait is compiled for sm_90 only
   switch (info->vec) {
     case 8: return LaunchNormInjectVec<T, 8>(a, pdl, stream, info);
     case 4: return LaunchNormInjectVec<T, 4>(a, pdl, stream, info);
