@@ -377,8 +377,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   const bool share = CL > 1 && !d.hidden_local;  // hidden slices pushed to the cluster's peers
   const int r_begin = share ? rank * d.per2 : 0;
   const int r_len = share ? max(0, min(d.R, r_begin + d.per2) - r_begin) : d.R;
-  const int gate_items = blockIdx.x == 0 ? d.C : 0;  // CTA 0 also computes post_gate
-  const int items = r_len + gate_items;
+  const bool gate_cta = blockIdx.x == 0;  // CTA 0 also computes post_gate
   for (int r0 = 0; r0 < d.rows; r0 += d.rt) {
     const int nr = min(d.rt, d.rows - r0);
     if constexpr (CL > 1) {
@@ -394,19 +393,27 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       copy_piece(hn_s + i * d.n2 + c * d.hs + j, hn_in + static_cast<size_t>(r0 + i) * d.K + c * d.H + h0 + j);
     }
     CpAsyncCommit();
-    // down -> hidden for this CTA's share of R (rounding points: down, Z, SG, hidden), and (CTA 0)
-    // inject -> post_gate (rounding points: inject, post_gate).
-    for (int idx = tid; idx < nr * items; idx += blockDim.x) {
-      const int i = idx / items, col = idx % items;
-      const int n = col < r_len ? r_begin + col : d.R + (col - r_len);
+    // down -> hidden for this CTA's share of R (rounding points: down, Z, SG, hidden).
+    for (int idx = tid; idx < nr * r_len; idx += blockDim.x) {
+      const int i = idx / r_len, n = r_begin + idx % r_len;
       const float v = RoundToT<T>(SumGroups(partials + (static_cast<size_t>(r0 + i) * d.np + n) * d.g4, d.groups));
-      if (col < r_len) {
-        a_tile[i * d.lda2 + n] = FromFloat<T>(cuda::ScaledSilu<T>(v, d.silu_alpha));
-      } else {
-        args.post_gate[static_cast<size_t>(r0 + i) * d.C + (n - d.R)] =
-            FromFloat<T>(cuda::PostGate(v, d.gate_div, d.gate_mul));
-      }
+      a_tile[i * d.lda2 + n] = FromFloat<T>(cuda::ScaledSilu<T>(v, d.silu_alpha));
     }
+    // inject -> post_gate (rounding points: inject, post_gate), CTA 0 only, by the warps that own no up
+    // tile below (the real shape: 2 of 10; else the last warp), while this CTA's hidden slice travels
+    // to its peers: nothing in the kernel reads it. In the loop above, its C items a row gave CTA 0 one
+    // more pass of L2 round trips than the other CTAs at 8 and 16 rows (real shape). Measured on the
+    // H200 (bench/README.md, eighth session): -0.1 us a block at 1 row, 4-16 rows within +-0.1.
+    const int gate_first = min(d.n2 / 8, num_warps - 1) * 32;
+    auto post_gate = [&] {
+      if (!gate_cta || tid < gate_first) return;
+      for (int idx = tid - gate_first; idx < nr * d.C; idx += blockDim.x - gate_first) {
+        const int i = idx / d.C, c = idx % d.C;
+        const float v =
+            RoundToT<T>(SumGroups(partials + (static_cast<size_t>(r0 + i) * d.np + d.R + c) * d.g4, d.groups));
+        args.post_gate[static_cast<size_t>(r0 + i) * d.C + c] = FromFloat<T>(cuda::PostGate(v, d.gate_div, d.gate_mul));
+      }
+    };
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase1);  // hidden slice formed
     CpAsyncWaitAll();  // the weight tile (first pass) and hn
     __syncthreads();
@@ -423,7 +430,10 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
         StoreAsyncToPeer(PeerSharedAddress(SharedAddress(a_tile + off), dst), *reinterpret_cast<const uint4*>(a_tile + off),
                          PeerSharedAddress(SharedAddress(exchange), dst));
       }
+      post_gate();  // while the slices travel
       MbarrierWait<true>(exchange, (r0 / d.rt) & 1);  // every other rank's slice has arrived
+    } else {
+      post_gate();
     }
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase3);  // hidden values exchanged
 
