@@ -34,8 +34,7 @@ def main() -> None:
         return bd.ChainRunner(ort, hcfuse.unfuse(model) if variant == "stock" else model, variant, elem, dtype)
 
     def replay_us(runner: bd.ChainRunner, rows: int, graph_id: int) -> float:
-        reps, replays = runner.prepare(rows, graph_id, 5, 60, 3e-3, 0.1, rng)
-        return min(runner.replay_s(rows, replays) for _ in range(reps)) * 1e6
+        return bd.time_chains({0: runner}, rows, graph_id, 5, 60, 3e-3, 0.1, rng)[0]
 
     general, fast = session(48, "auto"), session(48, "fast")
 
