@@ -1,10 +1,12 @@
 // Every float16 and bfloat16 bit pattern x: SigmoidInRange(x) against Sigmoid(x), bitwise in fp32,
-// where x >= kSigmoidInRangeMin or +inf (hc_common.cuh). Prints one line per type:
-//   "<type>: <n> inputs in range, <m> mismatches" and the first mismatches; exits 1 on any mismatch.
+// where x >= kSigmoidInRangeMin or +inf (hc_common.cuh); and every bfloat16 x but NaN: the sigmoid table's
+// lookup (hc_sigmoid_table.cuh) against RoundToT(Sigmoid(x)). Prints one line per check:
+//   "<check>: <n> inputs in range, <m> mismatches" and the first mismatches; exits 1 on any mismatch.
 #include <cstdio>
 #include <cstring>
 
 #include "cuda/hc_common.cuh"
+#include "cuda/hc_sigmoid_table.cuh"
 
 namespace {
 
@@ -24,12 +26,30 @@ __global__ void Check(unsigned* in_range, unsigned* mismatches, unsigned* first)
   }
 }
 
-template <typename T>
-bool Run(const char* name) {
+// One block of 1024 threads fills the table, then checks 64 patterns a thread.
+__global__ void CheckTable(unsigned* in_range, unsigned* mismatches, unsigned* first) {
+  using hcfuse::cuda::Bf16SigmoidTable;
+  __shared__ unsigned short table[Bf16SigmoidTable::kEntries];
+  hcfuse::cuda::FillBf16SigmoidTable(table);
+  __syncthreads();
+  for (unsigned bits = threadIdx.x; bits < 65536; bits += blockDim.x) {
+    if ((bits & 0x7FFFu) > Bf16SigmoidTable::kMaxNotNaN) continue;  // NaN: the epilogue computes it
+    atomicAdd(in_range, 1u);
+    const float x = __uint_as_float(bits << 16);
+    const float expected = hcfuse::cuda::RoundToT<__nv_bfloat16>(hcfuse::cuda::Sigmoid(x));
+    if (__float_as_uint(hcfuse::cuda::Bf16SigmoidFromTable(table, bits)) != __float_as_uint(expected)) {
+      const unsigned k = atomicAdd(mismatches, 1u);
+      if (k < 8) first[k] = bits;
+    }
+  }
+}
+
+template <typename Kernel>
+bool Run(const char* name, Kernel kernel, int blocks, int threads) {
   unsigned* d = nullptr;
   cudaMalloc(&d, 10 * sizeof(unsigned));
   cudaMemset(d, 0, 10 * sizeof(unsigned));
-  Check<T><<<256, 256>>>(d, d + 1, d + 2);
+  kernel<<<blocks, threads>>>(d, d + 1, d + 2);
   unsigned h[10] = {};
   const cudaError_t e = cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost);
   cudaFree(d);
@@ -46,6 +66,7 @@ bool Run(const char* name) {
 }  // namespace
 
 int main() {
-  const bool ok = Run<__half>("float16") & Run<__nv_bfloat16>("bfloat16");
+  const bool ok = Run("float16", Check<__half>, 256, 256) & Run("bfloat16", Check<__nv_bfloat16>, 256, 256) &
+                  Run("bfloat16 table", CheckTable, 1, 1024);
   return ok ? 0 : 1;
 }

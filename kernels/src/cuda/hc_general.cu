@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "cuda/hc_common.cuh"
 #include "cuda/hc_fast_plan.h"
@@ -45,12 +46,25 @@
 #include "cuda/hc_lowrank_mix_cuda.h"
 #include "cuda/hc_norm_inject.h"
 #include "cuda/hc_ptx.cuh"
+#include "cuda/hc_sigmoid_table.cuh"
 
 namespace hcfuse {
 namespace cuda {
 namespace {
 
 constexpr int kElementwiseThreads = 256;
+// The gate epilogue with the sigmoid table (bfloat16): blocks of 512 threads, two an SM, on a grid-stride loop,
+// so that each SM fills its table twice a launch; each thread issues two branches' loads together (the
+// lookups leave too few instructions to cover one branch's load latency). From the long prefill range, where
+// the fills are a small part of the launch. Measured on an H200 (bf16, real shape; bench/README.md, ninth
+// session), ncu: 57.7 -> 51.7 us at 4096 rows; from 256 rows it had been 16.99 -> 18.59 at 1024 and 7.46 -> 8.99
+// at 256 (the fills, 4100 sigmoids a block, do not overlap the product before it); with one 1024-thread block an
+// SM and one branch's loads at a time, 55.2 at 4096 rows. (Two branches' loads at a time in the other kernels
+// made float16's 14.85 -> 15.78 at 1024 rows.)
+constexpr int kTableEpilogueThreads = 512;
+constexpr int kTableBlocksPerSm = 2;
+constexpr int kTableEpilogueBranches = 2;
+constexpr int64_t kTableMinRows = kHcLongPrefillMinRows;
 // Grid cap of the element-wise kernels, which loop over elements (rows: kMaxRowBlocks, hc_common.cuh).
 constexpr int64_t kMaxElementwiseBlocks = int64_t{1} << 16;
 
@@ -141,39 +155,68 @@ struct EpilogueArgs {
 // g = sigmoid(up) rounded. (post_gate comes from the norm kernel, hc_norm_inject.cu.) In 16-bit T a branch's VEC sigmoids
 // take SigmoidInRange where all VEC up allow it: the same bits as Sigmoid, without a branch per element
 // around the division's slow path (measured on an H200, real shape, bf16, ncu: 67.5 -> 56.2 us at 4096
-// rows, 19.7 -> 16.7 at 1024, 8.3 -> 7.2 at 256).
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(EpilogueArgs<T> a) {
+// rows, 19.7 -> 16.7 at 1024, 8.3 -> 7.2 at 256). With TABLE (bfloat16 only) each block first fills the
+// table of rounded sigmoids (hc_sigmoid_table.cuh, before the wait: it reads nothing upstream) and looks g
+// up where no up of the VEC is NaN: the same bits again, in fewer instructions (the kernel is issue-bound:
+// 68% issue-active at 4096 rows; measured 29 -> 21.5 instructions an element, bench/README.md).
+template <typename T, int VEC, bool TABLE>
+__global__ void __launch_bounds__(TABLE ? kTableEpilogueThreads : kElementwiseThreads, TABLE ? kTableBlocksPerSm : 0)
+    HcGateEpilogueKernel(EpilogueArgs<T> a) {
+  static_assert(!TABLE || std::is_same_v<T, __nv_bfloat16>, "the sigmoid table is bfloat16's");
+  __shared__ unsigned short table[TABLE ? Bf16SigmoidTable::kEntries : 1];
+  if constexpr (TABLE) {
+    FillBf16SigmoidTable(table);
+    __syncthreads();
+  }
   ptx::WaitOnProducer();  // launched early (PDL): up comes from the product before it
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t start = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int64_t groups_per_row = a.H / VEC;
   const int64_t width = a.C * a.H;
+  constexpr int kBranches = TABLE ? kTableEpilogueBranches : 1;
   for (int64_t i = start; i < a.rows * groups_per_row; i += stride) {
     const int64_t row = i / groups_per_row;
     const int64_t h = (i - row * groups_per_row) * VEC;
     float acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
-#pragma unroll 4
-    for (int64_t c = 0; c < a.C; ++c) {  // unrolled: the branches' loads are issued together
-      const Vec<T, VEC> hn = LoadVec<T, VEC>(a.hn + row * width + c * a.H + h);
-      const Vec<T, VEC> up = LoadVec<T, VEC>(a.up + row * width + c * a.H + h);
-      // then the VEC sigmoids are straight-line code (SigmoidInRange: the same bits, checked for 16-bit x)
-      auto mix = [&](auto sigmoid) {
+#pragma unroll(TABLE ? 1 : 4)
+    for (int64_t c0 = 0; c0 < a.C; c0 += kBranches) {
+      // with the table, two branches' loads first, so that they are in flight together (the per-branch NaN
+      // test below keeps each branch's loads behind the last branch's work otherwise)
+      Vec<T, VEC> hn[kBranches], up[kBranches];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float g = RoundToT<T>(sigmoid(ToFloat(up.v[j])));  // rounding point: g
-          acc[j] = MulAdd<T>(ToFloat(hn.v[j]), g, acc[j]);
+      for (int b = 0; b < kBranches; ++b) {
+        if (c0 + b >= a.C) break;
+        hn[b] = LoadVec<T, VEC>(a.hn + row * width + (c0 + b) * a.H + h);
+        up[b] = LoadVec<T, VEC>(a.up + row * width + (c0 + b) * a.H + h);
+      }
+#pragma unroll
+      for (int b = 0; b < kBranches; ++b) {
+        if (c0 + b >= a.C) break;
+        // the VEC g (rounding point: g), added in branch order, are straight-line code
+        auto mix = [&](auto g_of) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) acc[j] = MulAdd<T>(ToFloat(hn[b].v[j]), g_of(j), acc[j]);
+        };
+        auto computed = [&](auto sigmoid) { mix([&](int j) { return RoundToT<T>(sigmoid(ToFloat(up[b].v[j]))); }); };
+        if constexpr (TABLE) {
+          unsigned largest = 0;  // of the VEC magnitudes: above inf's, one is NaN
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) largest = max(largest, __bfloat16_as_ushort(up[b].v[j]) & 0x7FFFu);
+          if (largest <= Bf16SigmoidTable::kMaxNotNaN) {
+            mix([&](int j) { return Bf16SigmoidFromTable(table, __bfloat16_as_ushort(up[b].v[j])); });
+            continue;
+          }
         }
-      };
-      bool in_range = sizeof(T) == 2;
+        bool in_range = sizeof(T) == 2;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) in_range &= ToFloat(up.v[j]) >= kSigmoidInRangeMin;
-      if (in_range) {
-        mix([](float x) { return SigmoidInRange(x); });
-      } else {
-        mix([](float x) { return Sigmoid(x); });
+        for (int j = 0; j < VEC; ++j) in_range &= ToFloat(up[b].v[j]) >= kSigmoidInRangeMin;
+        if (in_range) {
+          computed([](float x) { return SigmoidInRange(x); });
+        } else {
+          computed([](float x) { return Sigmoid(x); });
+        }
       }
     }
     Vec<T, VEC> out;
@@ -185,6 +228,15 @@ __global__ void __launch_bounds__(kElementwiseThreads) HcGateEpilogueKernel(Epil
   // it waits for this grid's end before it reads pre_output. Not earlier: its resident blocks would
   // take the SMs this grid's later blocks need.
   ptx::ReleaseDependents();
+}
+
+// The epilogue kernel for a vector width (PickVec's: 8, 4, 2 or 1).
+template <typename T, bool TABLE>
+auto* EpilogueKernel(int vec) {
+  return vec == 8   ? HcGateEpilogueKernel<T, 8, TABLE>
+         : vec == 4 ? HcGateEpilogueKernel<T, 4, TABLE>
+         : vec == 2 ? HcGateEpilogueKernel<T, 2, TABLE>
+                    : HcGateEpilogueKernel<T, 1, TABLE>;
 }
 
 // Outputs a thread of HcSplitReduceKernel: 4 or 2 where they divide the count, the hidden chunk's
@@ -382,26 +434,34 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
 
   const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
   const int epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
-  const unsigned epi_blocks = ElementwiseBlocks(rows * (H / epi_vec));
-  auto* epi_kernel = epi_vec == 8   ? HcGateEpilogueKernel<T, 8>
-                    : epi_vec == 4 ? HcGateEpilogueKernel<T, 4>
-                    : epi_vec == 2 ? HcGateEpilogueKernel<T, 2>
-                                   : HcGateEpilogueKernel<T, 1>;
-  if (auto s = launch_elementwise("HcGateEpilogueKernel", epi_kernel, epi_blocks, epi); !s.ok()) return s;
+  const int64_t epi_count = rows * (H / epi_vec);
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const bool epi_table = kBf16 && rows >= kTableMinRows && caps.sm_count > 0;
+  const int epi_threads = epi_table ? kTableEpilogueThreads : kElementwiseThreads;
+  const unsigned epi_blocks =
+      epi_table ? static_cast<unsigned>(std::min<int64_t>((epi_count + epi_threads - 1) / epi_threads,
+                                                          int64_t{kTableBlocksPerSm} * caps.sm_count))
+                : ElementwiseBlocks(epi_count);
+  auto* epi_kernel = epi_table ? EpilogueKernel<T, kBf16>(epi_vec) : EpilogueKernel<T, false>(epi_vec);
+  if (auto s = CudaFailure("HcGateEpilogueKernel", Launch(epi_kernel, epi_blocks, epi_threads, 0, 1, pdl, stream, epi));
+      !s.ok()) {
+    return s;
+  }
 
   if (debug) {
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMix general path (%s range) rows=%lld C=%lld H=%lld R=%lld: "
                  "%s grid %u x %d (vec %d, %d rows per block), down split into %lld K slices of "
                  "%lld (%s, planned at %lld rows) in chunks of %lld rows, HcSplitReduceKernel grid %u x %d (last "
-                 "chunk), up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d)\n",
+                 "chunk), up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d%s)\n",
                  range.name, static_cast<long long>(rows), static_cast<long long>(C),
                  static_cast<long long>(H), static_cast<long long>(R), norm_launch.kernel, norm_launch.blocks,
                  norm_launch.threads, norm_launch.vec, norm_launch.rows_per_block,
                  static_cast<long long>(range.splits), static_cast<long long>(width / range.splits),
                  down_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(range.split_plan_rows),
                  static_cast<long long>(layout.chunk_rows), reduce_blocks, kElementwiseThreads,
-                 static_cast<long long>(range.up_plan_rows), epi_blocks, kElementwiseThreads, epi_vec);
+                 static_cast<long long>(range.up_plan_rows), epi_blocks, epi_threads, epi_vec,
+                 epi_table ? ", sigmoid table" : "");
   }
   return {};
 }
