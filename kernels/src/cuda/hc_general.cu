@@ -151,6 +151,28 @@ struct EpilogueArgs {
   float reduction_scale;
 };
 
+// g[j] = RoundToT(Sigmoid(up[j])) for a vector of bfloat16 up: from the table, two at a time, or computed where
+// one of them is NaN.
+template <int VEC>
+__device__ __forceinline__ void GFromTable(const float* table, const Vec<__nv_bfloat16, VEC>& up, float (&g)[VEC]) {
+  constexpr int kWords = (VEC + 1) / 2;
+  unsigned words[kWords] = {};
+  memcpy(words, &up, sizeof(up));
+  unsigned largest = 0;  // per half
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) largest = Bf16MagnitudesMax(largest, words[k]);
+  if (max(largest & 0xFFFFu, largest >> 16) > Bf16SigmoidTable::kMaxNotNaN) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) g[j] = RoundToT<__nv_bfloat16>(Sigmoid(ToFloat(up.v[j])));
+    return;
+  }
+  float pairs[2 * kWords];
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) Bf16SigmoidPairFromTable(table, words[k], pairs[2 * k], pairs[2 * k + 1]);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) g[j] = pairs[j];
+}
+
 // pre_output[row, h] = reduction_scale * sum_c hn[row, c, h] * g[row, c, h] (c in order), with
 // g = sigmoid(up) rounded. (post_gate comes from the norm kernel, hc_norm_inject.cu.) In 16-bit T a branch's VEC sigmoids
 // take SigmoidInRange where all VEC up allow it: the same bits as Sigmoid, without a branch per element
@@ -163,7 +185,7 @@ template <typename T, int VEC, bool TABLE>
 __global__ void __launch_bounds__(TABLE ? kTableEpilogueThreads : kElementwiseThreads, TABLE ? kTableBlocksPerSm : 0)
     HcGateEpilogueKernel(EpilogueArgs<T> a) {
   static_assert(!TABLE || std::is_same_v<T, __nv_bfloat16>, "the sigmoid table is bfloat16's");
-  __shared__ unsigned short table[TABLE ? Bf16SigmoidTable::kEntries : 1];
+  __shared__ float table[TABLE ? Bf16SigmoidTable::kEntries : 1];
   if constexpr (TABLE) {
     FillBf16SigmoidTable(table);
     __syncthreads();
@@ -201,13 +223,10 @@ __global__ void __launch_bounds__(TABLE ? kTableEpilogueThreads : kElementwiseTh
         };
         auto computed = [&](auto sigmoid) { mix([&](int j) { return RoundToT<T>(sigmoid(ToFloat(up[b].v[j]))); }); };
         if constexpr (TABLE) {
-          unsigned largest = 0;  // of the VEC magnitudes: above inf's, one is NaN
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) largest = max(largest, __bfloat16_as_ushort(up[b].v[j]) & 0x7FFFu);
-          if (largest <= Bf16SigmoidTable::kMaxNotNaN) {
-            mix([&](int j) { return Bf16SigmoidFromTable(table, __bfloat16_as_ushort(up[b].v[j])); });
-            continue;
-          }
+          float g[VEC];
+          GFromTable(table, up[b], g);
+          mix([&](int j) { return g[j]; });
+          continue;
         }
         bool in_range = sizeof(T) == 2;
 #pragma unroll

@@ -6,13 +6,16 @@
 //     ulp of 0.5; the true threshold is 2^-8), stored once per sign as the magnitude kLo - 1;
 //   |x| >= 128 (kHi, infinities included): g = 1 for x > 0, +0 for x < 0 (expf(128) is inf in fp32),
 //     stored once per sign as the magnitude kHi.
-// So the lookup clamps the magnitude to [kLo - 1, kHi]. NaN inputs are not looked up (the caller computes
-// Sigmoid for them). Checked against RoundToT(Sigmoid(x)) for every non-NaN bfloat16 x
-// (tests/cuda/sigmoid_in_range_check.cu). Cost: 4100 entries (8.2 KB) and 4100 sigmoids a block, against
-// ~15 instructions an element saved (measured in bench/README.md, issue 14).
+// So the lookup clamps the magnitude to [kLo - 1, kHi]; two patterns at once, as the two 16-bit halves of a
+// 32-bit word (the SIMD min / max of sm_90). Entries are the rounded g in fp32, ready for the multiply-add. NaN
+// inputs are not looked up (the caller computes Sigmoid for them). Checked against RoundToT(Sigmoid(x)) for
+// every non-NaN bfloat16 x (tests/cuda/sigmoid_in_range_check.cu). Cost: 4100 entries (16.4 KB) and 4100
+// sigmoids a block.
 #pragma once
 
 #include <cuda_bf16.h>
+
+#include <cstring>
 
 #include "cuda/hc_common.cuh"
 
@@ -29,22 +32,34 @@ struct Bf16SigmoidTable {
 
 // Fills table[Bf16SigmoidTable::kEntries] (shared memory) with every thread of the block; the caller
 // synchronizes the block before the first lookup.
-__device__ __forceinline__ void FillBf16SigmoidTable(unsigned short* table) {
+__device__ __forceinline__ void FillBf16SigmoidTable(float* table) {
   using Table = Bf16SigmoidTable;
   for (int i = threadIdx.x; i < Table::kEntries; i += blockDim.x) {
     const unsigned negative = i >= Table::kPerSign;
     const unsigned magnitude = Table::kLo - 1 + (i - negative * Table::kPerSign);
     const float x = __uint_as_float((negative << 31) | (magnitude << 16));
-    table[i] = __bfloat16_as_ushort(__float2bfloat16_rn(Sigmoid(x)));
+    table[i] = RoundToT<__nv_bfloat16>(Sigmoid(x));
   }
 }
 
-// RoundToT<bf16>(Sigmoid(x)) in fp32 for the bfloat16 x with these bits (not NaN).
-__device__ __forceinline__ float Bf16SigmoidFromTable(const unsigned short* table, unsigned bits) {
+// The largest magnitude of the two bfloat16 in each word, per half (above kMaxNotNaN: a NaN among them).
+__device__ __forceinline__ unsigned Bf16MagnitudesMax(unsigned max_so_far, unsigned word) {
+  unsigned m;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(m) : "r"(word & 0x7FFF7FFFu), "r"(max_so_far));
+  return m;
+}
+
+// RoundToT<bf16>(Sigmoid(x)) in fp32 for the two bfloat16 x of a word (low half first; neither NaN).
+__device__ __forceinline__ void Bf16SigmoidPairFromTable(const float* table, unsigned word, float& lo, float& hi) {
   using Table = Bf16SigmoidTable;
-  const unsigned magnitude = min(max(bits & 0x7FFFu, Table::kLo - 1), Table::kHi);
-  const unsigned index = (bits >> 15) * Table::kPerSign + magnitude - (Table::kLo - 1);
-  return __uint_as_float(static_cast<unsigned>(table[index]) << 16);
+  constexpr unsigned kLo2 = (Table::kLo - 1) * 0x10001u, kHi2 = Table::kHi * 0x10001u;
+  unsigned m;  // both magnitudes clamped to [kLo - 1, kHi]
+  asm("max.u16x2 %0, %1, %2;" : "=r"(m) : "r"(word & 0x7FFF7FFFu), "r"(kLo2));
+  asm("min.u16x2 %0, %0, %1;" : "+r"(m) : "r"(kHi2));
+  const unsigned index = m + ((word >> 15) & 0x10001u) * Table::kPerSign;  // per half: < 2^16, no carry
+  const float* base = table - (Table::kLo - 1);
+  lo = base[index & 0xFFFFu];
+  hi = base[index >> 16];
 }
 
 }  // namespace cuda
