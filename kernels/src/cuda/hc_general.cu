@@ -9,7 +9,7 @@
 //     HcSplitReduceKernel  down = the slices' sum in order b = 0, 1, ..., rounded to T;
 //                      hidden = ScaledSiLU(down)
 //   GEMM (cuBLASLt)    up = hidden @ up_weight
-//   HcGateEpilogueKernel  g = sigmoid(up), pre_output
+//   HcGateEpilogueKernel  g = sigmoid(up) (bfloat16 from 4096 rows: looked up, the same bits), pre_output
 //
 // On sm_90 the norm, reduction and epilogue kernels launch with programmatic dependent launch: each
 // starts while the kernel before it ends and waits for it (ptx::WaitOnProducer) before any read; the
@@ -56,11 +56,11 @@ constexpr int kElementwiseThreads = 256;
 // The gate epilogue with the sigmoid table (bfloat16): blocks of 512 threads, two an SM, on a grid-stride loop,
 // so that each SM fills its table twice a launch; each thread issues two branches' loads together (the
 // lookups leave too few instructions to cover one branch's load latency). From the long prefill range, where
-// the fills are a small part of the launch. Measured on an H200 (bf16, real shape; bench/README.md, ninth
-// session), ncu: 57.7 -> 51.7 us at 4096 rows; from 256 rows it had been 16.99 -> 18.59 at 1024 and 7.46 -> 8.99
-// at 256 (the fills, 4100 sigmoids a block, do not overlap the product before it); with one 1024-thread block an
-// SM and one branch's loads at a time, 55.2 at 4096 rows. (Two branches' loads at a time in the other kernels
-// made float16's 14.85 -> 15.78 at 1024 rows.)
+// the fills are a small part of the launch. Measured on an H200 (bf16, real shape, ncu; bench/README.md, ninth
+// session): 57.7 -> 49.7 us at 4096 rows; from 256 rows a first version had lost, 16.99 -> 18.59 at 1024 and
+// 7.46 -> 8.99 at 256 (the fills, 4100 sigmoids a block, do not overlap the product before it); one 1024-thread
+// block an SM with one branch's loads at a time took 55.2 at 4096 rows. (Two branches' loads at a time in the
+// other kernels made float16's 14.85 -> 15.78 at 1024 rows.)
 constexpr int kTableEpilogueThreads = 512;
 constexpr int kTableBlocksPerSm = 2;
 constexpr int kTableEpilogueBranches = 2;
@@ -179,8 +179,8 @@ __device__ __forceinline__ void GFromTable(const float* table, const Vec<__nv_bf
 // around the division's slow path (measured on an H200, real shape, bf16, ncu: 67.5 -> 56.2 us at 4096
 // rows, 19.7 -> 16.7 at 1024, 8.3 -> 7.2 at 256). With TABLE (bfloat16 only) each block first fills the
 // table of rounded sigmoids (hc_sigmoid_table.cuh, before the wait: it reads nothing upstream) and looks g
-// up where no up of the VEC is NaN: the same bits again, in fewer instructions (the kernel is issue-bound:
-// 68% issue-active at 4096 rows; measured 29 -> 21.5 instructions an element, bench/README.md).
+// up where no up of the VEC is NaN: the same bits again, in fewer instructions (the kernel was issue-bound,
+// 69% issue-active at 4096 rows; 29 -> 18 instructions an element, measured).
 template <typename T, int VEC, bool TABLE>
 __global__ void __launch_bounds__(TABLE ? kTableEpilogueThreads : kElementwiseThreads, TABLE ? kTableBlocksPerSm : 0)
     HcGateEpilogueKernel(EpilogueArgs<T> a) {
