@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -363,6 +364,14 @@ int main(int argc, char** argv) {
     }
   }
   if (rows_list.empty()) rows_list = {1, 2, 4, 8, 16};
+  if (!dump_dir.empty()) {  // the folder the records go to, made if missing
+    std::error_code error;
+    std::filesystem::create_directories(dump_dir, error);
+    if (error) {
+      std::fprintf(stderr, "cannot create %s: %s\n", dump_dir.c_str(), error.message().c_str());
+      return 2;
+    }
+  }
   const int long_n = 96, short_n = 48;
   std::mt19937 gen(15);
   cudaStream_t stream;
