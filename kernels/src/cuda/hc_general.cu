@@ -37,6 +37,7 @@
 // pre_output does (another K split of down).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <type_traits>
 

@@ -7,15 +7,13 @@
 //   |x| >= 128 (kHi, infinities included): g = 1 for x > 0, +0 for x < 0 (expf(128) is inf in fp32),
 //     stored once per sign as the magnitude kHi.
 // So the lookup clamps the magnitude to [kLo - 1, kHi]; two patterns at once, as the two 16-bit halves of a
-// 32-bit word (the SIMD min / max of sm_90). Entries are the rounded g in fp32, ready for the multiply-add. NaN
-// inputs are not looked up (the caller computes Sigmoid for them). Checked against RoundToT(Sigmoid(x)) for
-// every non-NaN bfloat16 x (tests/cuda/sigmoid_in_range_check.cu). Cost: 4100 entries (16.4 KB) and 4100
-// sigmoids a block.
+// 32-bit word (__vmaxu2 / __vminu2: one instruction each on sm_90, emulated before). Entries are the rounded g
+// in fp32, ready for the multiply-add. NaN inputs are not looked up (the caller computes Sigmoid for them).
+// Checked against RoundToT(Sigmoid(x)) for every non-NaN bfloat16 x (tests/cuda/sigmoid_in_range_check.cu).
+// Cost: 4100 entries (16.4 KB) and 4100 sigmoids a block.
 #pragma once
 
 #include <cuda_bf16.h>
-
-#include <cstring>
 
 #include "cuda/hc_common.cuh"
 
@@ -44,18 +42,14 @@ __device__ __forceinline__ void FillBf16SigmoidTable(float* table) {
 
 // The largest magnitude of the two bfloat16 in each word, per half (above kMaxNotNaN: a NaN among them).
 __device__ __forceinline__ unsigned Bf16MagnitudesMax(unsigned max_so_far, unsigned word) {
-  unsigned m;
-  asm("max.u16x2 %0, %1, %2;" : "=r"(m) : "r"(word & 0x7FFF7FFFu), "r"(max_so_far));
-  return m;
+  return __vmaxu2(word & 0x7FFF7FFFu, max_so_far);
 }
 
 // RoundToT<bf16>(Sigmoid(x)) in fp32 for the two bfloat16 x of a word (low half first; neither NaN).
 __device__ __forceinline__ void Bf16SigmoidPairFromTable(const float* table, unsigned word, float& lo, float& hi) {
   using Table = Bf16SigmoidTable;
   constexpr unsigned kLo2 = (Table::kLo - 1) * 0x10001u, kHi2 = Table::kHi * 0x10001u;
-  unsigned m;  // both magnitudes clamped to [kLo - 1, kHi]
-  asm("max.u16x2 %0, %1, %2;" : "=r"(m) : "r"(word & 0x7FFF7FFFu), "r"(kLo2));
-  asm("min.u16x2 %0, %0, %1;" : "+r"(m) : "r"(kHi2));
+  const unsigned m = __vminu2(__vmaxu2(word & 0x7FFF7FFFu, kLo2), kHi2);  // both magnitudes clamped to [kLo - 1, kHi]
   const unsigned index = m + ((word >> 15) & 0x10001u) * Table::kPerSign;  // per half: < 2^16, no carry
   const float* base = table - (Table::kLo - 1);
   lo = base[index & 0xFFFFu];
