@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(TABLE ? kTableEpilogueThreads : kElementwiseTh
     for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
 #pragma unroll(TABLE ? 1 : 4)
     for (int64_t c0 = 0; c0 < a.C; c0 += kBranches) {
-      // with the table, two branches' loads first, so that they are in flight together (the per-branch NaN
-      // test below keeps each branch's loads behind the last branch's work otherwise)
+      // with the table, two branches' loads first, so that they are in flight together (each branch's NaN
+      // test in GFromTable would otherwise keep the next branch's loads behind it)
       Vec<T, VEC> hn[kBranches], up[kBranches];
 #pragma unroll
       for (int b = 0; b < kBranches; ++b) {
@@ -222,20 +222,20 @@ __global__ void __launch_bounds__(TABLE ? kTableEpilogueThreads : kElementwiseTh
 #pragma unroll
           for (int j = 0; j < VEC; ++j) acc[j] = MulAdd<T>(ToFloat(hn[b].v[j]), g_of(j), acc[j]);
         };
-        auto computed = [&](auto sigmoid) { mix([&](int j) { return RoundToT<T>(sigmoid(ToFloat(up[b].v[j]))); }); };
         if constexpr (TABLE) {
           float g[VEC];
           GFromTable(table, up[b], g);
           mix([&](int j) { return g[j]; });
-          continue;
-        }
-        bool in_range = sizeof(T) == 2;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) in_range &= ToFloat(up[b].v[j]) >= kSigmoidInRangeMin;
-        if (in_range) {
-          computed([](float x) { return SigmoidInRange(x); });
         } else {
-          computed([](float x) { return Sigmoid(x); });
+          auto computed = [&](auto sigmoid) { mix([&](int j) { return RoundToT<T>(sigmoid(ToFloat(up[b].v[j]))); }); };
+          bool in_range = sizeof(T) == 2;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) in_range &= ToFloat(up[b].v[j]) >= kSigmoidInRangeMin;
+          if (in_range) {
+            computed([](float x) { return SigmoidInRange(x); });
+          } else {
+            computed([](float x) { return Sigmoid(x); });
+          }
         }
       }
     }
