@@ -220,31 +220,3 @@ def test_rows_too_wide_for_the_norm_cache(hcfuse_lib, monkeypatch, rng, dtype, C
     alone = run_bound(session, {**{k: v[3:4] for k, v in feeds.items()}, **weights}, device="cuda")
     for name, value in alone.items():
         assert_bitwise_equal(value, got[name][3:4], f"wide rows C={C} H={H}: row 3 alone vs among 5: {name}")
-
-
-@pytest.mark.parametrize("rows", [40, LONG_PREFILL_MIN_ROWS + 3])
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_gate_epilogue_special_values(hcfuse_lib, monkeypatch, rng, dtype, rows):
-    """up columns of NaN, of huge values (+-inf in 16-bit T) and of both signs, next to ordinary ones, against the
-    reference: the epilogue's sigmoids (computed; in the long prefill range bfloat16 looks them up in its table,
-    hc_sigmoid_table.cuh, and computes them where an up of a vector is NaN) give NaN exactly where the reference
-    does, and g = 0 or 1 at the infinities."""
-    _require_dtype(dtype)
-    C, H, R = 4, 256, 16
-    weights = random_weights(C, H, R, dtype, rng)
-    up = weights["up_weight"].astype(np.float32)
-    big = float(np.finfo(np.float16 if dtype == np.float16 else np.float32).max) / 8
-    up[:, 5] = np.nan                          # branch 0, h = 5: one NaN in a vector of finite values
-    up[:, H + 17] = big                        # branch 1: up = +-inf or huge
-    up[:, 2 * H + 33] = -big                   # branch 2
-    up[:, 3 * H + 64:3 * H + 72] = np.nan      # branch 3: a whole vector of NaN
-    up[::2, 100] = big                         # branch 0, h = 100: huge and ordinary rows of up_weight
-    weights["up_weight"] = up.astype(dtype)
-    feeds = random_activations((rows,), C, H, dtype, rng, prologue=True)
-    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True)
-    got = run_bound(cuda_session(model, hcfuse_lib, "general", monkeypatch), {**feeds, **weights}, device="cuda")
-    ref = _reference(feeds, weights, C)
-    pre = got["pre_output"].astype(np.float32)
-    assert np.isnan(pre[:, 5]).all() and np.isnan(pre[:, 64:72]).all(), "NaN up must give NaN pre_output"
-    assert np.isfinite(np.delete(pre, [5, *range(64, 72)], axis=1)).all(), "only the NaN columns may be NaN"
-    _check(got, ref, dtype, f"special up values rows={rows}", f"prefill special-up {dtype.name}")

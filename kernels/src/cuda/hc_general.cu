@@ -48,6 +48,7 @@
 #include "cuda/hc_norm_inject.h"
 #include "cuda/hc_ptx.cuh"
 #include "cuda/hc_sigmoid_table.cuh"
+#include "cuda/hc_up_gate.h"
 
 namespace hcfuse {
 namespace cuda {
@@ -151,28 +152,6 @@ struct EpilogueArgs {
   int64_t rows, C, H;
   float reduction_scale;
 };
-
-// g[j] = RoundToT(Sigmoid(up[j])) for a vector of bfloat16 up: from the table, two at a time, or computed where
-// one of them is NaN.
-template <int VEC>
-__device__ __forceinline__ void GFromTable(const float* table, const Vec<__nv_bfloat16, VEC>& up, float (&g)[VEC]) {
-  constexpr int kWords = (VEC + 1) / 2;
-  unsigned words[kWords] = {};
-  memcpy(words, &up, sizeof(up));
-  unsigned largest = 0;  // per half
-#pragma unroll
-  for (int k = 0; k < kWords; ++k) largest = Bf16MagnitudesMax(largest, words[k]);
-  if (max(largest & 0xFFFFu, largest >> 16) > Bf16SigmoidTable::kMaxNotNaN) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) g[j] = RoundToT<__nv_bfloat16>(Sigmoid(ToFloat(up.v[j])));
-    return;
-  }
-  float pairs[2 * kWords];
-#pragma unroll
-  for (int k = 0; k < kWords; ++k) Bf16SigmoidPairFromTable(table, words[k], pairs[2 * k], pairs[2 * k + 1]);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) g[j] = pairs[j];
-}
 
 // pre_output[row, h] = reduction_scale * sum_c hn[row, c, h] * g[row, c, h] (c in order), with
 // g = sigmoid(up) rounded. (post_gate comes from the norm kernel, hc_norm_inject.cu.) In 16-bit T a branch's VEC sigmoids
@@ -353,17 +332,43 @@ int64_t SplitChunkRows(const HcLowRankMixParams& p, const RangePlan& range) {
   return std::min(std::max(fit, kChunkRowsMultiple), range.max_chunk_rows);
 }
 
-// The scratch: hn, up (rows, C*H); hidden (rows, R) in T; then the fp32 partials of one chunk of
-// m = min(rows, SplitChunkRows) rows: splits slices of down (HcPartialStride(m, R) floats each), then
-// cuBLASLt's workspace (HcLtGemm::kWorkspaceBytes). Every part starts 256-byte aligned (offsets from
-// the base are multiples of kScratchAlign).
+// The fused up/gate kernel's arguments for this call (up_weight and pre_output from the call; hidden and hn
+// in scratch, 256-byte aligned).
+template <typename T>
+HcUpGateArgs<T> UpGateArgs(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const T* hidden, const T* hn) {
+  HcUpGateArgs<T> a;
+  a.hidden = hidden;
+  a.up_weight = t.up_weight;
+  a.hn = hn;
+  a.pre_output = t.pre_output;
+  a.rows = p.rows;
+  a.C = p.C;
+  a.H = p.H;
+  a.R = p.R;
+  a.reduction_scale = p.reduction_scale;
+  return a;
+}
+
+// Whether the fused up/gate kernel runs this call (its refusal checks the scratch pointers' alignment too:
+// a 256-byte aligned stand-in gives the same answer).
+template <typename T>
+bool RunsFusedUpGate(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const HcDeviceCaps& caps,
+                     const HcGeneralOptions& options) {
+  const T* aligned = reinterpret_cast<const T*>(uintptr_t{256});
+  return options.fused_up_gate && HcUpGateRefusal(UpGateArgs(p, t, aligned, aligned), caps).empty();
+}
+
+// The scratch: hn, up (rows, C*H; empty where the fused kernel runs the up product); hidden (rows, R) in
+// T; then the fp32 partials of one chunk of m = min(rows, SplitChunkRows) rows: splits slices of down
+// (HcPartialStride(m, R) floats each), then cuBLASLt's workspace (HcLtGemm::kWorkspaceBytes). Every part
+// starts 256-byte aligned (offsets from the base are multiples of kScratchAlign).
 struct ScratchLayout {
   RangePlan range;
   int64_t chunk_rows = 0;  // min(rows, SplitChunkRows(p, range))
   size_t hn = 0, up = 0, hidden = 0, down_partial = 0, workspace = 0, total = 0;  // byte offsets
 };
 
-ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size) {
+ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size, bool fused_up_gate) {
   const size_t rows = static_cast<size_t>(p.rows);
   const size_t width = static_cast<size_t>(p.width());
   ScratchLayout l;
@@ -371,7 +376,7 @@ ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size
   l.chunk_rows = std::min(p.rows, SplitChunkRows(p, l.range));
   l.hn = 0;
   l.up = l.hn + AlignUp(rows * width * element_size);
-  l.hidden = l.up + AlignUp(rows * width * element_size);
+  l.hidden = l.up + (fused_up_gate ? 0 : AlignUp(rows * width * element_size));
   l.down_partial = l.hidden + AlignUp(rows * static_cast<size_t>(p.R) * element_size);
   l.workspace =
       l.down_partial + AlignUp(static_cast<size_t>(l.range.splits * HcPartialStride(l.chunk_rows, p.R)) * sizeof(float));
@@ -388,15 +393,19 @@ std::string HcLaunchStatus::Message() const {
   return std::string(step) + ": " + cublasLtGetStatusName(cublas) + ": " + cublasLtGetStatusString(cublas);
 }
 
-size_t HcGeneralScratchBytes(const HcLowRankMixParams& p, size_t element_size) {
-  return MakeScratchLayout(p, element_size).total;
+template <typename T>
+size_t HcGeneralScratchBytes(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const HcDeviceCaps& caps,
+                             const HcGeneralOptions& options) {
+  return MakeScratchLayout(p, sizeof(T), RunsFusedUpGate(p, t, caps, options)).total;
 }
 
 template <typename T>
 HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const HcDeviceCaps& caps,
-                               void* scratch, HcLtGemm& gemm, cudaStream_t stream, bool debug) {
+                               const HcGeneralOptions& options, void* scratch, HcLtGemm& gemm, cudaStream_t stream,
+                               bool debug) {
   const int64_t rows = p.rows, C = p.C, H = p.H, R = p.R, width = p.width();
-  const ScratchLayout layout = MakeScratchLayout(p, sizeof(T));
+  const bool fused = RunsFusedUpGate(p, t, caps, options);
+  const ScratchLayout layout = MakeScratchLayout(p, sizeof(T), fused);
   const RangePlan& range = layout.range;
   char* base = static_cast<char*>(scratch);
   T* hn = reinterpret_cast<T*>(base + layout.hn);
@@ -446,26 +455,37 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     if (auto s = launch_elementwise("HcSplitReduceKernel", reduce_kernel, reduce_blocks, reduce); !s.ok()) return s;
   }
 
-  if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
-                       range.up_plan_rows, workspace, stream);
-      !s.ok()) {
-    return s;
-  }
-
-  const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
-  const int epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
-  const int64_t epi_count = rows * (H / epi_vec);
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  const bool epi_table = kBf16 && rows >= kTableMinRows && caps.sm_count > 0;
-  const int epi_threads = epi_table ? kTableEpilogueThreads : kElementwiseThreads;
-  const unsigned epi_blocks =
-      epi_table ? static_cast<unsigned>(std::min<int64_t>((epi_count + epi_threads - 1) / epi_threads,
-                                                          int64_t{kTableBlocksPerSm} * caps.sm_count))
-                : ElementwiseBlocks(epi_count);
-  auto* epi_kernel = epi_table ? EpilogueKernel<T, kBf16>(epi_vec) : EpilogueKernel<T, false>(epi_vec);
-  if (auto s = CudaFailure("HcGateEpilogueKernel", Launch(epi_kernel, epi_blocks, epi_threads, 0, 1, pdl, stream, epi));
-      !s.ok()) {
-    return s;
+  char up_route[160];
+  if (fused) {
+    if (auto s = CudaFailure("HcUpGateKernel", LaunchHcUpGate<T>(UpGateArgs(p, t, hidden, hn), caps, pdl, stream));
+        !s.ok()) {
+      return s;
+    }
+    std::snprintf(up_route, sizeof(up_route), "up and gate epilogue fused (HcUpGateKernel)");
+  } else {
+    if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
+                         range.up_plan_rows, workspace, stream);
+        !s.ok()) {
+      return s;
+    }
+    const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
+    const int epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
+    const int64_t epi_count = rows * (H / epi_vec);
+    constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+    const bool epi_table = kBf16 && rows >= kTableMinRows && caps.sm_count > 0;
+    const int epi_threads = epi_table ? kTableEpilogueThreads : kElementwiseThreads;
+    const unsigned epi_blocks =
+        epi_table ? static_cast<unsigned>(std::min<int64_t>((epi_count + epi_threads - 1) / epi_threads,
+                                                            int64_t{kTableBlocksPerSm} * caps.sm_count))
+                  : ElementwiseBlocks(epi_count);
+    auto* epi_kernel = epi_table ? EpilogueKernel<T, kBf16>(epi_vec) : EpilogueKernel<T, false>(epi_vec);
+    if (auto s = CudaFailure("HcGateEpilogueKernel", Launch(epi_kernel, epi_blocks, epi_threads, 0, 1, pdl, stream, epi));
+        !s.ok()) {
+      return s;
+    }
+    std::snprintf(up_route, sizeof(up_route), "up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d%s)",
+                  static_cast<long long>(range.up_plan_rows), epi_blocks, epi_threads, epi_vec,
+                  epi_table ? ", sigmoid table" : "");
   }
 
   if (debug) {
@@ -473,22 +493,23 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
                  "hcfuse: HyperConnectionLowRankMix general path (%s range) rows=%lld C=%lld H=%lld R=%lld: "
                  "%s grid %u x %d (vec %d, %d rows per block), down split into %lld K slices of "
                  "%lld (%s, planned at %lld rows) in chunks of %lld rows, HcSplitReduceKernel grid %u x %d (last "
-                 "chunk), up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d%s)\n",
+                 "chunk), %s\n",
                  range.name, static_cast<long long>(rows), static_cast<long long>(C),
                  static_cast<long long>(H), static_cast<long long>(R), norm_launch.kernel, norm_launch.blocks,
                  norm_launch.threads, norm_launch.vec, norm_launch.rows_per_block,
                  static_cast<long long>(range.splits), static_cast<long long>(width / range.splits),
                  down_lt ? "cuBLASLt" : "fallback kernel", static_cast<long long>(range.split_plan_rows),
-                 static_cast<long long>(layout.chunk_rows), reduce_blocks, kElementwiseThreads,
-                 static_cast<long long>(range.up_plan_rows), epi_blocks, epi_threads, epi_vec,
-                 epi_table ? ", sigmoid table" : "");
+                 static_cast<long long>(layout.chunk_rows), reduce_blocks, kElementwiseThreads, up_route);
   }
   return {};
 }
 
-#define HC_INSTANTIATE_GENERAL(T)                                                                        \
-  template HcLaunchStatus LaunchHcGeneral<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&,   \
-                                             const HcDeviceCaps&, void*, HcLtGemm&, cudaStream_t, bool);
+#define HC_INSTANTIATE_GENERAL(T)                                                                            \
+  template size_t HcGeneralScratchBytes<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&,          \
+                                           const HcDeviceCaps&, const HcGeneralOptions&);                 \
+  template HcLaunchStatus LaunchHcGeneral<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&,       \
+                                             const HcDeviceCaps&, const HcGeneralOptions&, void*, HcLtGemm&, \
+                                             cudaStream_t, bool);
 HC_INSTANTIATE_GENERAL(float)
 HC_INSTANTIATE_GENERAL(__half)
 HC_INSTANTIATE_GENERAL(__nv_bfloat16)

@@ -45,21 +45,32 @@ struct HcLaunchStatus {
   std::string Message() const;
 };
 
-// Bytes of device scratch LaunchHcGeneral needs, 256-byte aligned parts: hn and up (rows * C*H) and
-// hidden (rows * R) in T, plus the fp32 partials of one row chunk of the split down product:
-// splits * HcPartialStride(m, R) floats, with the split and chunk rows m of the row range
-// (hc_gemm.h, hc_general.cu).
-size_t HcGeneralScratchBytes(const HcLowRankMixParams& params, size_t element_size);
+// How the general path runs its up product. fused_up_gate (HCFUSE_UP_GATE, default off until measured on a GPU): the product and
+// the gate epilogue in one kernel (hc_up_gate.h) wherever it can run the call, else cuBLASLt's product and
+// HcGateEpilogueKernel. Both keep the contract's rounding points; up's fp32 sums run in another order, so
+// pre_output's last bits may differ between the two.
+struct HcGeneralOptions {
+  bool fused_up_gate = false;
+};
+
+// Bytes of device scratch LaunchHcGeneral needs for this call, 256-byte aligned parts: hn (rows * C*H),
+// up (rows * C*H, only where the fused up/gate kernel does not run it) and hidden (rows * R) in T, plus
+// the fp32 partials of one row chunk of the split down product: splits * HcPartialStride(m, R) floats,
+// with the split and chunk rows m of the row range (hc_gemm.h, hc_general.cu).
+template <typename T>
+size_t HcGeneralScratchBytes(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors,
+                             const HcDeviceCaps& caps, const HcGeneralOptions& options);
 
 // The general path: norm + inject kernel (post_gate), split-K cuBLASLt GEMM for down with its
-// fixed-order reduction (+ ScaledSiLU), the up cuBLASLt GEMM and the gate epilogue kernel, all on
+// fixed-order reduction (+ ScaledSiLU), the up product and the gate epilogue (fused or not: options), all on
 // `stream`; the K split and pinned algorithms depend on the row range (few rows / prefill, hc_gemm.h).
 // Any shape and row count (params.rows > 0); `scratch` holds HcGeneralScratchBytes bytes; `caps` are the
 // device's (QueryHcDeviceCaps).
 // T is float, __half or __nv_bfloat16. Never throws and never synchronizes.
 template <typename T>
 HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors,
-                               const HcDeviceCaps& caps, void* scratch, HcLtGemm& gemm, cudaStream_t stream, bool debug);
+                               const HcDeviceCaps& caps, const HcGeneralOptions& options, void* scratch,
+                               HcLtGemm& gemm, cudaStream_t stream, bool debug);
 
 }  // namespace cuda
 }  // namespace hcfuse

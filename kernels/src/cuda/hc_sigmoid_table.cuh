@@ -56,5 +56,27 @@ __device__ __forceinline__ void Bf16SigmoidPairFromTable(const float* table, uns
   hi = base[index >> 16];
 }
 
+// g[j] = RoundToT(Sigmoid(up[j])) for a vector of bfloat16 up: from the table, two at a time, or computed where
+// one of them is NaN.
+template <int VEC>
+__device__ __forceinline__ void GFromTable(const float* table, const Vec<__nv_bfloat16, VEC>& up, float (&g)[VEC]) {
+  constexpr int kWords = (VEC + 1) / 2;
+  unsigned words[kWords] = {};
+  memcpy(words, &up, sizeof(up));
+  unsigned largest = 0;  // per half
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) largest = Bf16MagnitudesMax(largest, words[k]);
+  if (max(largest & 0xFFFFu, largest >> 16) > Bf16SigmoidTable::kMaxNotNaN) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) g[j] = RoundToT<__nv_bfloat16>(Sigmoid(ToFloat(up.v[j])));
+    return;
+  }
+  float pairs[2 * kWords];
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) Bf16SigmoidPairFromTable(table, words[k], pairs[2 * k], pairs[2 * k + 1]);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) g[j] = pairs[j];
+}
+
 }  // namespace cuda
 }  // namespace hcfuse

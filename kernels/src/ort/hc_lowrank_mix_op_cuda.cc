@@ -115,6 +115,20 @@ HcFastTuning ReadFastTuning() {
   return tuning;
 }
 
+// HCFUSE_UP_GATE (0|1, default 0): whether the general path fuses its up product and gate epilogue where
+// it can (HcGeneralOptions; benchmarks and tests compare the two routes).
+cuda::HcGeneralOptions ReadGeneralOptions() {
+  cuda::HcGeneralOptions options;
+  if (const char* value = std::getenv("HCFUSE_UP_GATE"); value != nullptr && *value != '\0') {
+    if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
+      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_UP_GATE must be 0 or 1; got '" + value + "'",
+                           ORT_INVALID_ARGUMENT);
+    }
+    options.fused_up_gate = *value == '1';
+  }
+  return options;
+}
+
 bool ReadDebugFlag() {
   const char* value = std::getenv("HCFUSE_DEBUG");
   return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
@@ -180,6 +194,7 @@ class CudaProvider {
       : forced_(ReadForcedPath()),
         debug_(ReadDebugFlag()),
         tuning_(ReadFastTuning()),
+        general_(ReadGeneralOptions()),
         gemm_(debug_) {
     weights_constant_ = WeightsAreConstant(api, info);
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
@@ -223,8 +238,9 @@ class CudaProvider {
   }
 
   Ort::Status RunGeneral(OrtKernelContext* ctx, const HcLowRankMixParams& p, const Args& t, cudaStream_t stream) {
-    Scratch scratch = AllocateScratch(ctx, device_, cuda::HcGeneralScratchBytes(p, sizeof(CT)));
-    const cuda::HcLaunchStatus s = cuda::LaunchHcGeneral<CT>(p, t, caps_, scratch.get(), gemm_, stream, debug_);
+    Scratch scratch = AllocateScratch(ctx, device_, cuda::HcGeneralScratchBytes<CT>(p, t, caps_, general_));
+    const cuda::HcLaunchStatus s =
+        cuda::LaunchHcGeneral<CT>(p, t, caps_, general_, scratch.get(), gemm_, stream, debug_);
     return s.ok() ? Ort::Status{nullptr} : LaunchFailure("LaunchHcGeneral", s.Message());
   }
 
@@ -247,6 +263,7 @@ class CudaProvider {
   const PathChoice forced_;
   const bool debug_;
   const HcFastTuning tuning_;
+  const cuda::HcGeneralOptions general_;
   bool weights_constant_ = false;
   int device_ = 0;
   HcDeviceCaps caps_;
