@@ -3,7 +3,8 @@
 # benchmark (1-64 rows: fast, general, stock; bf16 and fp16), the prefill benchmark (256-16384 rows: the
 # op's own choice against stock; bf16, fp16, fp32), compute-sanitizer over the fast path's and the
 # general path's kernels, and the decode benchmark's real-model variant (a MatMul between blocks).
-# Needs onnxruntime-gpu importable, compute-sanitizer on PATH for the sanitizer step, and ORT_INCLUDE_DIR.
+# Needs onnxruntime-gpu importable, compute-sanitizer on PATH for the sanitizer step, and ORT_INCLUDE_DIR (CUTLASS's
+# headers: the nvidia-cutlass wheel, or HCFUSE_CUTLASS_INCLUDE).
 # Every step after the build gets at most what is left of BUDGET_S (default 580 s from the start), in the
 # order above, so the whole script ends in time even when a step hangs; a step cut short leaves its
 # partial log under $OUT (or ./final_out).
@@ -17,14 +18,14 @@ t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 cap() { local left=$((budget - (SECONDS - t0))); echo $((left < $1 ? (left > 5 ? left : 5) : $1)); }
 cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h}" > "$out/cmake.log" 2>&1 &&
+  ${HCFUSE_CUTLASS_INCLUDE:+-DHCFUSE_CUTLASS_INCLUDE=$HCFUSE_CUTLASS_INCLUDE} -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h}" > "$out/cmake.log" 2>&1 &&
   timeout 240 ninja -C "$build" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 export HCFUSE_LIBRARY=$build/libhcfuse_ops.so
 stamp built
 
-# 1. every CUDA test (on the H200 the first three files take about 170 s, then test_sigmoid_cuda.py builds its checker with nvcc)
-timeout "$(cap 210)" python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_cuda.py tests/test_fast_path_cuda.py \
-  tests/test_prefill_cuda.py tests/test_sigmoid_cuda.py > "$out/tests.log" 2>&1
+# 1. every CUDA test (on the H200 the first four files take about 200 s, then test_sigmoid_cuda.py builds its checker with nvcc)
+timeout "$(cap 250)" python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_cuda.py tests/test_fast_path_cuda.py \
+  tests/test_prefill_cuda.py tests/test_up_gate_cuda.py tests/test_sigmoid_cuda.py > "$out/tests.log" 2>&1
 stamp "tests: $(tail -1 "$out/tests.log")"
 grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
 
@@ -44,7 +45,7 @@ grep -E "^\| (bf16|fp16|fp32)" "$out/prefill.log" | sort -u -t'|' -k2,2 -k3,3n
 # tools run over the fast path's tests, all three by default, none when empty)
 fast_tests=${SANITIZE_FAST:-(small_shapes and 7) or (real_shape_matches_reference and prologue-3-bf16)}
 # every row range, both norm kernels (HcNormInjectKernel: H = 129 and 96; HcNormInjectResidentKernel: H = 768
-# and the four variants of H = 512)
+# and the four variants of H = 512), both up/gate routes (bfloat16 at H = 768 and 512 runs HcUpGateKernel)
 general_tests=${SANITIZE_GENERAL:-awkward and bf16 and (4-129-512 or 4-96-16 or 4-768-40) or variants and bf16}
 for tool in ${FAST_TOOLS-memcheck racecheck synccheck}; do
   timeout "$(cap 35)" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \

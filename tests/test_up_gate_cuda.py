@@ -1,5 +1,5 @@
-"""The general path's two routes for the up product and the gate epilogue (HCFUSE_UP_GATE,
-kernels/src/cuda/hc_general.cu): "fused", HcUpGateKernel (kernels/src/cuda/hc_up_gate_sm90.cu: wgmma on
+"""The general path's two routes for the up product and the gate epilogue (HCFUSE_UP_GATE 1 or 0; unset, the
+measured choice of HcUpGateRoute::kAuto; kernels/src/cuda/hc_general.cu): "fused", HcUpGateKernel (kernels/src/cuda/hc_up_gate_sm90.cu: wgmma on
 TMA-fed 128 x 256 tiles of all 4 branches, the epilogue from the accumulators; sm_90, 16-bit T, C = 4,
 H a multiple of 64, R a multiple of 8), and "unfused", cuBLASLt's product and HcGateEpilogueKernel.
 
@@ -150,6 +150,26 @@ def test_special_up_values(hcfuse_lib, monkeypatch, dtype, rows, route):
     assert np.isfinite(np.delete(pre, [5, *range(64, 72)], axis=1)).all(), "only the NaN columns may be NaN"
     _check(got, _reference(feeds, weights, C), dtype, f"up/gate {route} special values rows={rows}",
            f"up-gate {route} special {dtype.name}")
+
+
+@pytest.mark.parametrize("dtype,rows,fused", [(BF16, 40, True), (BF16, 300, True), (np.dtype(np.float16), 300, False),
+                                              (np.dtype(np.float16), 4096, True), (np.dtype(np.float32), 4096, False)],
+                         ids=["bf16-40", "bf16-300", "fp16-300", "fp16-4096", "fp32-4096"])
+def test_default_route(hcfuse_lib, monkeypatch, capfd, dtype, rows, fused):
+    """Unset, HCFUSE_UP_GATE takes the measured choice (HcUpGateRoute::kAuto): fused for bfloat16 in every
+    range, for float16 from the long prefill range (4096 rows), never for float32."""
+    _require_dtype(dtype)
+    monkeypatch.delenv("HCFUSE_UP_GATE", raising=False)
+    monkeypatch.setenv("HCFUSE_DEBUG", "1")
+    C, H, R = 4, 128, 16
+    rng = np.random.default_rng([35, rows])
+    weights = random_weights(C, H, R, dtype, rng)
+    feeds = random_activations((rows,), C, H, dtype, rng, prologue=True)
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, prologue=True, streams_out=True)
+    session = cuda_session(model, hcfuse_lib, "general", monkeypatch)
+    got = _run_checking_route(session, {**feeds, **weights}, capfd, "fused", fused and _fused_runs(dtype, C, H, R))
+    _check(got, _reference(feeds, weights, C), dtype, f"up/gate default route rows={rows}",
+           f"up-gate default {dtype.name}")
 
 
 def test_bad_route_value_is_an_error(hcfuse_lib, monkeypatch):

@@ -355,7 +355,10 @@ template <typename T>
 bool RunsFusedUpGate(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const HcDeviceCaps& caps,
                      const HcGeneralOptions& options) {
   const T* aligned = reinterpret_cast<const T*>(uintptr_t{256});
-  return options.fused_up_gate && HcUpGateRefusal(UpGateArgs(p, t, aligned, aligned), caps).empty();
+  const bool wanted = options.up_gate == HcUpGateRoute::kFused ||
+                      (options.up_gate == HcUpGateRoute::kAuto &&
+                       (std::is_same_v<T, __nv_bfloat16> || p.rows >= kHcLongPrefillMinRows));
+  return wanted && HcUpGateRefusal(UpGateArgs(p, t, aligned, aligned), caps).empty();
 }
 
 // The scratch: hn, up (rows, C*H; empty where the fused kernel runs the up product); hidden (rows, R) in

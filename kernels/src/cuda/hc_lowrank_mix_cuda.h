@@ -45,12 +45,14 @@ struct HcLaunchStatus {
   std::string Message() const;
 };
 
-// How the general path runs its up product. fused_up_gate (HCFUSE_UP_GATE, default off until measured on a GPU): the product and
-// the gate epilogue in one kernel (hc_up_gate.h) wherever it can run the call, else cuBLASLt's product and
-// HcGateEpilogueKernel. Both keep the contract's rounding points; up's fp32 sums run in another order, so
-// pre_output's last bits may differ between the two.
+// How the general path runs its up product (HCFUSE_UP_GATE): kFused, the product and the gate epilogue in one
+// kernel (hc_up_gate.h) wherever it can run the call; kUnfused, cuBLASLt's product and HcGateEpilogueKernel;
+// kAuto (the default), fused where it was measured faster on an H200 (bench/README.md, issue 14): bfloat16 in
+// every row range, float16 from the long prefill range (4096 rows), so a row range keeps one route. Both keep
+// the contract's rounding points; up's fp32 sums run in another order, so pre_output's last bits may differ.
+enum class HcUpGateRoute { kAuto, kFused, kUnfused };
 struct HcGeneralOptions {
-  bool fused_up_gate = false;
+  HcUpGateRoute up_gate = HcUpGateRoute::kAuto;
 };
 
 // Bytes of device scratch LaunchHcGeneral needs for this call, 256-byte aligned parts: hn (rows * C*H),

@@ -115,16 +115,16 @@ HcFastTuning ReadFastTuning() {
   return tuning;
 }
 
-// HCFUSE_UP_GATE (0|1, default 0): whether the general path fuses its up product and gate epilogue where
-// it can (HcGeneralOptions; benchmarks and tests compare the two routes).
+// HCFUSE_UP_GATE (1: fused, 0: unfused; unset or empty: the measured choice, HcUpGateRoute::kAuto) pins how
+// the general path runs its up product and gate epilogue (benchmarks and tests compare the two routes).
 cuda::HcGeneralOptions ReadGeneralOptions() {
   cuda::HcGeneralOptions options;
   if (const char* value = std::getenv("HCFUSE_UP_GATE"); value != nullptr && *value != '\0') {
     if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
-      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_UP_GATE must be 0 or 1; got '" + value + "'",
+      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_UP_GATE must be 0 or 1 (or unset); got '" + value + "'",
                            ORT_INVALID_ARGUMENT);
     }
-    options.fused_up_gate = *value == '1';
+    options.up_gate = *value == '1' ? cuda::HcUpGateRoute::kFused : cuda::HcUpGateRoute::kUnfused;
   }
   return options;
 }
