@@ -336,17 +336,7 @@ int64_t SplitChunkRows(const HcLowRankMixParams& p, const RangePlan& range) {
 // in scratch, 256-byte aligned).
 template <typename T>
 HcUpGateArgs<T> UpGateArgs(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const T* hidden, const T* hn) {
-  HcUpGateArgs<T> a;
-  a.hidden = hidden;
-  a.up_weight = t.up_weight;
-  a.hn = hn;
-  a.pre_output = t.pre_output;
-  a.rows = p.rows;
-  a.C = p.C;
-  a.H = p.H;
-  a.R = p.R;
-  a.reduction_scale = p.reduction_scale;
-  return a;
+  return {hidden, t.up_weight, hn, t.pre_output, p.rows, p.C, p.H, p.R, p.reduction_scale};
 }
 
 // Whether the fused up/gate kernel runs this call (its refusal checks the scratch pointers' alignment too:
