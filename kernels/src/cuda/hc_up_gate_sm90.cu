@@ -57,12 +57,6 @@ constexpr unsigned kHnBytes = kTileM * kTileN * 2;
 #endif
 constexpr bool kAblateEpilogue = (HCFUSE_UP_GATE_ABLATE & 1) != 0;
 constexpr bool kAblateProducts = (HCFUSE_UP_GATE_ABLATE & 2) != 0;
-// HCFUSE_UP_GATE_OVERLAP=1 (a candidate, off by default): each tile's first K step runs under the last tile's
-// epilogue (see the consumer loop)
-#ifndef HCFUSE_UP_GATE_OVERLAP
-#define HCFUSE_UP_GATE_OVERLAP 0
-#endif
-constexpr bool kOverlap = HCFUSE_UP_GATE_OVERLAP != 0;
 
 template <typename T>
 struct MmaOf;
@@ -235,52 +229,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_row = 64 * (warp / 4) + 16 * (warp % 4) + (lane >> 2);
   int stage = 0;
   unsigned phase = 0, hn_phase = 0;
-  // One K step's MMAs on the ring's current stage (asynchronous: retire() waits for them and frees the stage).
-  auto issue = [&](bool first) {
-    ptx::MbarrierWait(&s.full[stage], phase);
-    tiled_mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-    warpgroup_fence_operand(acc);
-    warpgroup_arrive();
-    if constexpr (!kAblateProducts) {
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-        cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), acc);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-      }
-    }
-    warpgroup_commit_batch();
-  };
-  auto retire = [&] {
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
-    __syncwarp();
-    if (lane == 0) MbarrierArrive(&s.empty[stage]);
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  };
-  // The accumulators are zeroed before a tile's first K step, not only by its scale-out: the wgmma operands
-  // read them, which would otherwise keep the last tile's values live through its epilogue. With kOverlap a
-  // tile's first K step is issued before the last tile's epilogue (below), unconditionally here: a branch
-  // around in-flight MMAs makes ptxas wait for them at the join (C7517).
-  if constexpr (kOverlap) {
-    if (static_cast<int>(blockIdx.x) >= grid.tiles) return;  // never: the grid is at most the tiles
-    clear(acc);
-    issue(true);
-  }
   for (int t = blockIdx.x; t < grid.tiles; t += gridDim.x) {
     const int m0 = (t / grid.h_tiles) * kTileM, h0 = (t % grid.h_tiles) * kTileH;
-    if constexpr (kOverlap) {
-      retire();
-    } else {
-      clear(acc);
-      issue(true);
-      retire();
-    }
-    for (int kt = 1; kt < grid.k_tiles; ++kt) {
-      issue(false);
-      retire();
+    // zeroed here, not only by the first MMA's scale-out: the wgmma operands read the accumulators, which would
+    // otherwise stay live through the last tile's epilogue. (Issuing the next tile's first K step before this
+    // tile's epilogue, to run it under the epilogue, measured slower: bench/README.md, issue 14, twelfth session.)
+    clear(acc);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    for (int kt = 0; kt < grid.k_tiles; ++kt) {
+      ptx::MbarrierWait(&s.full[stage], phase);
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      if constexpr (!kAblateProducts) {
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+          cute::gemm(tiled_mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), acc);
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc);
+      __syncwarp();
+      if (lane == 0) MbarrierArrive(&s.empty[stage]);
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
     }
 
     // up rounded and packed first (rounding point: up): the 128 accumulators die here, which leaves the
@@ -326,29 +301,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     };
-    const bool next = t + static_cast<int>(gridDim.x) < grid.tiles;
     if constexpr (kAblateEpilogue) {
       if (up[0] == 0x7FC07FC0u && m0 < 0) pre_output[0] = T{};  // keeps up alive; never true
-      if (kOverlap && next) {
-        clear(acc);
-        issue(true);
-      }
+    } else if (FastGates<T, TABLE>(up)) {
+      epilogue(cute::true_type{});
     } else {
-      const bool fast = FastGates<T, TABLE>(up);
-      auto gated = [&] {
-        if (fast) {
-          epilogue(cute::true_type{});
-        } else {
-          epilogue(cute::false_type{});
-        }
-      };
-      if (kOverlap && next) {
-        clear(acc);
-        issue(true);  // the next tile's first K step, on the tensor cores under this epilogue
-        gated();
-      } else {
-        gated();
-      }
+      epilogue(cute::false_type{});
     }
     __syncwarp();
     if (lane == 0) MbarrierArrive(&s.hn_empty);
