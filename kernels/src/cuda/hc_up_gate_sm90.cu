@@ -4,9 +4,10 @@
 // accumulators hold every branch of its (row, h) and the branch sum never leaves its registers. K = R runs
 // in 64-wide steps through a 3-stage TMA ring (hidden: a 128 x 64 box; up_weight: a (64 h, 64 r, 4 c) box of
 // the R x (C*H) matrix, which lands branch by branch as one MN-major operand), and the tile's hn (a (64 h,
-// 128 rows, 4 c) box, 64 KB) is copied while the products run. A producer warp issues the copies; two
-// consumer warpgroups (64 rows each) run wgmma m64n256k16 (CuTe's atoms and shared-memory descriptors, from
-// the nvidia-cutlass package's headers) and then the epilogue straight from the accumulators:
+// 128 rows, 4 c) box, 64 KB) is copied while the products run. One thread of a producer warpgroup issues the
+// copies (the warpgroup hands its registers to the consumers); two consumer warpgroups (64 rows each) run
+// wgmma m64n256k16 (CuTe's atoms and shared-memory descriptors, from the nvidia-cutlass package's headers)
+// and then the epilogue straight from the accumulators:
 //   up = RoundToT(acc)                            rounding point: up
 //   g  = RoundToT(Sigmoid(up))                    rounding point: g (bfloat16: from the table of
 //                                                 hc_sigmoid_table.cuh, the same bits)
@@ -106,7 +107,7 @@ __device__ __forceinline__ void MbarrierArrive(unsigned long long* bar) {
 
 constexpr uint64_t kCacheNormal = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
 
-// The producer warp's lane 0: every tile's K steps into the ring, and the tile's hn once the ring is full
+// The producer warpgroup's first thread: every tile's K steps into the ring, and the tile's hn once the ring is full
 // (its buffer is free only after the last tile's epilogue, which the ring's next refill waits for anyway).
 template <bool TABLE>
 __device__ void ProduceTiles(UpGateSmem<TABLE>& s, const CUtensorMap* hidden, const CUtensorMap* up,
