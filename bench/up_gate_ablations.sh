@@ -4,8 +4,9 @@
 # its products; results wrong in 1 and 2, times only), then ncu's duration of the kernel alone at ROWS (one
 # real-shape block, bench/prefill_kernels.py) for each build and type, and cuBLASLt's up product + the
 # epilogue kernel of the unfused route for comparison. Needs ORT_INCLUDE_DIR and CUTLASS's headers
-# (HCFUSE_CUTLASS_INCLUDE, or the nvidia-cutlass wheel). Logs under $OUT (or ./up_gate_out).
-#   ORT_INCLUDE_DIR=... ROWS="256 1024 4096" bash bench/up_gate_ablations.sh
+# (HCFUSE_CUTLASS_INCLUDE, or the nvidia-cutlass wheel). EXTRA_CUDA_FLAGS go to all three builds (a candidate:
+# -DHCFUSE_UP_GATE_CLUSTER=2). Logs under $OUT (or ./up_gate_out).
+#   ORT_INCLUDE_DIR=... ROWS="256 1024 4096" [EXTRA_CUDA_FLAGS=...] bash bench/up_gate_ablations.sh
 set -uo pipefail
 out=${OUT:-up_gate_out}
 mkdir -p "$out"
@@ -13,7 +14,7 @@ rows=${ROWS:-256 1024 4096}
 cutlass=${HCFUSE_CUTLASS_INCLUDE:+-DHCFUSE_CUTLASS_INCLUDE=$HCFUSE_CUTLASS_INCLUDE}
 for a in 0 1 2; do
   (cmake -S kernels -B "/tmp/up_gate_$a" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a $cutlass \
-     -DCMAKE_CUDA_FLAGS="-DHCFUSE_UP_GATE_ABLATE=$a" -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR}" \
+     -DCMAKE_CUDA_FLAGS="-DHCFUSE_UP_GATE_ABLATE=$a ${EXTRA_CUDA_FLAGS:-}" -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR}" \
      > "$out/cmake_$a.log" 2>&1 && ninja -C "/tmp/up_gate_$a" > "$out/build_$a.log" 2>&1 || echo "build $a failed") &
 done
 wait
