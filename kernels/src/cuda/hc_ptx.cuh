@@ -150,6 +150,15 @@ __device__ __forceinline__ void MbarrierExpectBytes(unsigned long long* bar, uns
 #endif
 }
 
+// One plain arrival on this CTA's barrier (release at CTA scope).
+__device__ __forceinline__ void MbarrierArrive(unsigned long long* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SharedAddress(bar)) : "memory");
+#else
+  __trap();
+#endif
+}
+
 // bytes (a multiple of 16; both addresses 16-byte aligned) from gmem to smem, counted on bar.
 __device__ __forceinline__ void BulkCopy(void* smem, const void* gmem, unsigned bytes, unsigned long long* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -202,6 +211,18 @@ __device__ __forceinline__ unsigned PeerSharedAddress(unsigned local, int rank) 
 #else
   __trap();
   return local;
+#endif
+}
+
+// One arrival on the barrier at `bar`'s offset in cluster CTA `rank` (release at cluster scope: this thread's
+// reads of what the barrier guards come before the peer's writes into it).
+__device__ __forceinline__ void MbarrierArrivePeer(unsigned long long* bar, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
+                   PeerSharedAddress(SharedAddress(bar), rank))
+               : "memory");
+#else
+  __trap();
 #endif
 }
 

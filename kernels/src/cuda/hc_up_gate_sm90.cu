@@ -112,18 +112,6 @@ struct TileGrid {
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void MbarrierArrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ptx::SharedAddress(bar)) : "memory");
-}
-
-// One arrival on the mbarrier at the same offset in cluster CTA `rank` (release at cluster scope: this thread's
-// reads of the stage come before the peer's copies into it).
-__device__ __forceinline__ void MbarrierArrivePeer(unsigned long long* bar, int rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
-                   ptx::PeerSharedAddress(ptx::SharedAddress(bar), rank))
-               : "memory");
-}
-
 constexpr uint64_t kCacheNormal = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
 
 // This CTA's rank in its cluster, its first slot and slot stride, and the first row and h of its tile of a slot.
@@ -183,19 +171,13 @@ __device__ __forceinline__ bool FastGates(const uint32_t (&up)[N]) {
     for (int k = 0; k < N; ++k) largest = Bf16MagnitudesMax(largest, up[k]);
     return max(largest & 0xFFFFu, largest >> 16) <= Bf16SigmoidTable::kMaxNotNaN;
   } else {
-    float lowest = INFINITY;
+    bool in_range = true;  // false for a NaN too: its comparisons are false
     CUTE_UNROLL
     for (int k = 0; k < N; ++k) {
       const float2 u = UnpackPair<T>(up[k]);
-      lowest = fminf(lowest, fminf(u.x, u.y));  // fminf drops a NaN: checked below
+      in_range &= u.x >= kSigmoidInRangeMin && u.y >= kSigmoidInRangeMin;
     }
-    bool nan = false;
-    CUTE_UNROLL
-    for (int k = 0; k < N; ++k) {
-      const float2 u = UnpackPair<T>(up[k]);
-      nan |= u.x != u.x || u.y != u.y;
-    }
-    return !nan && lowest >= kSigmoidInRangeMin;
+    return in_range;
   }
 }
 
@@ -297,9 +279,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       warpgroup_fence_operand(acc);
       __syncwarp();
       if (lane == 0) {
-        MbarrierArrive(&s.empty[stage]);
+        ptx::MbarrierArrive(&s.empty[stage]);
         if constexpr (kCluster > 1) {  // the peer copies into this stage too
-          MbarrierArrivePeer(&s.empty[stage], rank ^ 1);
+          ptx::MbarrierArrivePeer(&s.empty[stage], rank ^ 1);
         }
       }
       if (++stage == kStages) {
@@ -359,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       epilogue(cute::false_type{});
     }
     __syncwarp();
-    if (lane == 0) MbarrierArrive(&s.hn_empty);
+    if (lane == 0) ptx::MbarrierArrive(&s.hn_empty);
   }
   if constexpr (kCluster > 1) ptx::ClusterSync();
 #else
@@ -367,27 +349,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// A tiled view of a row-major 16-bit tensor for the kernel's copies: dims and box innermost first, strides
-// (bytes) of dims 1.. ; 128-byte swizzle, out-of-range elements read as zero.
-template <typename T, int RANK>
-CUresult EncodeMap(CUtensorMap* map, const T* base, const cuuint64_t (&dims)[RANK],
-                   const cuuint64_t (&strides)[RANK - 1], const cuuint32_t (&box)[RANK]) {
+// The driver's cuTensorMapEncodeTiled (through the runtime: no link to libcuda); null where it is missing.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
   if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
           cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || fn == nullptr) {
-    return CUDA_ERROR_NOT_FOUND;
+      found != cudaDriverEntryPointSuccess) {
+    return nullptr;
   }
-  cuuint32_t element_strides[RANK];
-  std::fill(element_strides, element_strides + RANK, 1u);
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
-      map, MmaOf<T>::kTmaType, RANK, const_cast<T*>(base), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
 }
 
-bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+// A tiled view of a row-major 16-bit tensor for the kernel's copies: dims and box innermost first, strides
+// (bytes) of dims 1.. ; 128-byte swizzle, out-of-range elements read as zero.
+template <typename T, int RANK>
+CUresult EncodeMap(PFN_cuTensorMapEncodeTiled_v12000 encode, CUtensorMap* map, const T* base,
+                   const cuuint64_t (&dims)[RANK], const cuuint64_t (&strides)[RANK - 1],
+                   const cuuint32_t (&box)[RANK]) {
+  cuuint32_t element_strides[RANK];
+  std::fill(element_strides, element_strides + RANK, 1u);
+  return encode(map, MmaOf<T>::kTmaType, RANK, const_cast<T*>(base), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
 
 }  // namespace
 
@@ -401,7 +386,8 @@ std::string HcUpGateRefusal(const HcUpGateArgs<T>& a, const HcDeviceCaps& caps) 
     if (a.H % kTileH != 0) return "the fused up/gate kernel needs H a multiple of 64";
     if (a.R % 8 != 0) return "the fused up/gate kernel needs R a multiple of 8 (16-byte rows of hidden)";
     if (a.rows > (int64_t{1} << 30)) return "too many rows for the fused up/gate kernel's 32-bit coordinates";
-    if (!Aligned(a.hidden, 16) || !Aligned(a.up_weight, 16) || !Aligned(a.hn, 16) || !Aligned(a.pre_output, 4)) {
+    if (AlignmentOf(a.hidden) < 16 || AlignmentOf(a.up_weight) < 16 || AlignmentOf(a.hn) < 16 ||
+        AlignmentOf(a.pre_output) < 4) {
       return "the fused up/gate kernel's tensors are not 16-byte aligned";
     }
     if (caps.max_shared_memory_per_block < static_cast<int64_t>(kSmemBytes<std::is_same_v<T, __nv_bfloat16>>)) {
@@ -417,11 +403,13 @@ cudaError_t LaunchHcUpGate(const HcUpGateArgs<T>& a, const HcDeviceCaps& caps, b
     return cudaErrorNotSupported;
   } else {
     const cuuint64_t width = static_cast<cuuint64_t>(a.C * a.H), H = a.H, R = a.R, rows = a.rows, C = a.C;
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+    if (encode == nullptr) return cudaErrorNotSupported;
     CUtensorMap hidden_map, up_map, hn_map;
-    if (EncodeMap<T, 2>(&hidden_map, a.hidden, {R, rows}, {R * 2}, {kTileK, kTileM}) != CUDA_SUCCESS ||
-        EncodeMap<T, 3>(&up_map, a.up_weight, {H, R, C}, {width * 2, H * 2}, {kTileH, kTileK, kBranches / kCluster}) !=
-            CUDA_SUCCESS ||
-        EncodeMap<T, 3>(&hn_map, a.hn, {H, rows, C}, {width * 2, H * 2}, {kTileH, kTileM, kBranches}) !=
+    if (EncodeMap<T, 2>(encode, &hidden_map, a.hidden, {R, rows}, {R * 2}, {kTileK, kTileM}) != CUDA_SUCCESS ||
+        EncodeMap<T, 3>(encode, &up_map, a.up_weight, {H, R, C}, {width * 2, H * 2},
+                        {kTileH, kTileK, kBranches / kCluster}) != CUDA_SUCCESS ||
+        EncodeMap<T, 3>(encode, &hn_map, a.hn, {H, rows, C}, {width * 2, H * 2}, {kTileH, kTileM, kBranches}) !=
             CUDA_SUCCESS) {
       return cudaErrorInvalidValue;
     }
