@@ -448,13 +448,13 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     if (auto s = launch_elementwise("HcSplitReduceKernel", reduce_kernel, reduce_blocks, reduce); !s.ok()) return s;
   }
 
-  char up_route[160];
+  char up_route[160] = "";  // for the debug line only
   if (fused) {
     if (auto s = CudaFailure("HcUpGateKernel", LaunchHcUpGate<T>(UpGateArgs(p, t, hidden, hn), caps, pdl, stream));
         !s.ok()) {
       return s;
     }
-    std::snprintf(up_route, sizeof(up_route), "up and gate epilogue fused (HcUpGateKernel)");
+    if (debug) std::snprintf(up_route, sizeof(up_route), "up and gate epilogue fused (HcUpGateKernel)");
   } else {
     if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
                          range.up_plan_rows, workspace, stream);
@@ -476,9 +476,11 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
         !s.ok()) {
       return s;
     }
-    std::snprintf(up_route, sizeof(up_route), "up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d%s)",
-                  static_cast<long long>(range.up_plan_rows), epi_blocks, epi_threads, epi_vec,
-                  epi_table ? ", sigmoid table" : "");
+    if (debug) {
+      std::snprintf(up_route, sizeof(up_route), "up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d%s)",
+                    static_cast<long long>(range.up_plan_rows), epi_blocks, epi_threads, epi_vec,
+                    epi_table ? ", sigmoid table" : "");
+    }
   }
 
   if (debug) {
