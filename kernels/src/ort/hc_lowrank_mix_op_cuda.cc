@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -57,6 +58,17 @@ PathChoice ReadForcedPath() {
                        ORT_INVALID_ARGUMENT);
 }
 
+// The switch `name` (0 or 1); empty where it is unset or empty, an error naming it for any other value.
+std::optional<bool> ReadZeroOrOne(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
+    throw Ort::Exception(std::string(kOpName) + ": " + name + " must be 0 or 1 (or unset); got '" + value + "'",
+                         ORT_INVALID_ARGUMENT);
+  }
+  return *value == '1';
+}
+
 // HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split and
 // HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels, HCFUSE_FAST_BULK (0|1) how weight tiles are
 // copied, HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores and
@@ -99,13 +111,7 @@ HcFastTuning ReadFastTuning() {
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_BULK", &tuning.bulk_copies},
                              std::pair{"HCFUSE_FAST_BATCH", &tuning.batched_stage1},
                              std::pair{"HCFUSE_FAST_REAL_SHAPE", &tuning.real_shape_kernels}}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
-      throw Ort::Exception(std::string(kOpName) + ": " + name + " must be 0 or 1; got '" + value + "'",
-                           ORT_INVALID_ARGUMENT);
-    }
-    *field = *value == '1';
+    if (const std::optional<bool> value = ReadZeroOrOne(name)) *field = *value;
   }
   if (tuning.cluster != 0 && tuning.cluster != 4 && tuning.cluster != 8) {
     throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_CLUSTER must be 4 or 8; got " +
@@ -119,12 +125,8 @@ HcFastTuning ReadFastTuning() {
 // the general path runs its up product and gate epilogue (benchmarks and tests compare the two routes).
 cuda::HcGeneralOptions ReadGeneralOptions() {
   cuda::HcGeneralOptions options;
-  if (const char* value = std::getenv("HCFUSE_UP_GATE"); value != nullptr && *value != '\0') {
-    if (std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0) {
-      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_UP_GATE must be 0 or 1 (or unset); got '" + value + "'",
-                           ORT_INVALID_ARGUMENT);
-    }
-    options.up_gate = *value == '1' ? cuda::HcUpGateRoute::kFused : cuda::HcUpGateRoute::kUnfused;
+  if (const std::optional<bool> fused = ReadZeroOrOne("HCFUSE_UP_GATE")) {
+    options.up_gate = *fused ? cuda::HcUpGateRoute::kFused : cuda::HcUpGateRoute::kUnfused;
   }
   return options;
 }
