@@ -214,18 +214,6 @@ __device__ __forceinline__ unsigned PeerSharedAddress(unsigned local, int rank) 
 #endif
 }
 
-// One arrival on the barrier at `bar`'s offset in cluster CTA `rank` (release at cluster scope: this thread's
-// reads of what the barrier guards come before the peer's writes into it).
-__device__ __forceinline__ void MbarrierArrivePeer(unsigned long long* bar, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
-                   PeerSharedAddress(SharedAddress(bar), rank))
-               : "memory");
-#else
-  __trap();
-#endif
-}
-
 // 16 bytes to `remote` (PeerSharedAddress, 16-byte aligned), counted on the mbarrier at `remote_bar`.
 __device__ __forceinline__ void StoreAsyncToPeer(unsigned remote, const uint4& v, unsigned remote_bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -58,16 +58,6 @@ constexpr unsigned kHnBytes = kTileM * kTileN * 2;
 #endif
 constexpr bool kAblateEpilogue = (HCFUSE_UP_GATE_ABLATE & 1) != 0;
 constexpr bool kAblateProducts = (HCFUSE_UP_GATE_ABLATE & 2) != 0;
-// HCFUSE_UP_GATE_CLUSTER=2 (a candidate, not measured yet; default 1): CTAs in clusters of 2, each pair on the
-// same h block and two neighbouring row blocks; each CTA copies half of the up_weight box (2 of the 4 branches)
-// to both (TMA multicast), so the L2 reads of up_weight halve (measured at 4096 rows: the products and their
-// copies take ~49 of the kernel's 83 us, at ~6.3 TB/s of L2 reads). A stage is refilled once both CTAs'
-// consumers are done with it (each arrives on both CTAs' empty barrier).
-#ifndef HCFUSE_UP_GATE_CLUSTER
-#define HCFUSE_UP_GATE_CLUSTER 1
-#endif
-constexpr int kCluster = HCFUSE_UP_GATE_CLUSTER;
-static_assert(kCluster == 1 || kCluster == 2, "clusters of 1 or 2 CTAs");
 
 template <typename T>
 struct MmaOf;
@@ -106,21 +96,12 @@ template <bool TABLE>
 constexpr size_t kSmemBytes = sizeof(UpGateSmem<TABLE>) + 1024;  // + the base's alignment to 1024
 
 struct TileGrid {
-  int rows, H, k_tiles, h_tiles;
-  int tiles;  // tile slots: a slot is kCluster tiles of neighbouring row blocks and one h block
+  int rows, H, k_tiles, h_tiles, tiles;
   float reduction_scale;
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 constexpr uint64_t kCacheNormal = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
-
-// This CTA's rank in its cluster, its first slot and slot stride, and the first row and h of its tile of a slot.
-__device__ __forceinline__ int CtaRank() { return kCluster > 1 ? ptx::ClusterRank() : 0; }
-__device__ __forceinline__ int FirstSlot() { return static_cast<int>(blockIdx.x) / kCluster; }
-__device__ __forceinline__ int SlotStride() { return static_cast<int>(gridDim.x) / kCluster; }
-__device__ __forceinline__ int TileRow(int slot, const TileGrid& g, int rank) {
-  return ((slot / g.h_tiles) * kCluster + rank) * kTileM;
-}
 
 // The producer warpgroup's first thread: every tile's K steps into the ring, and the tile's hn once the ring is full
 // (its buffer is free only after the last tile's epilogue, which the ring's next refill waits for anyway).
@@ -129,22 +110,14 @@ __device__ void ProduceTiles(UpGateSmem<TABLE>& s, const CUtensorMap* hidden, co
                              const CUtensorMap* hn, const TileGrid& g) {
   int stage = 0;
   unsigned phase = 0, hn_phase = 0;
-  const int rank = CtaRank();
-  for (int t = FirstSlot(); t < g.tiles; t += SlotStride()) {
-    const int m0 = TileRow(t, g, rank), h0 = (t % g.h_tiles) * kTileH;
+  for (int t = blockIdx.x; t < g.tiles; t += gridDim.x) {
+    const int m0 = (t / g.h_tiles) * kTileM, h0 = (t % g.h_tiles) * kTileH;
     for (int kt = 0; kt < g.k_tiles; ++kt) {
       ptx::MbarrierWait(&s.empty[stage], phase ^ 1);
       ptx::MbarrierExpectBytes(&s.full[stage], kStageBytes);
       auto* full = reinterpret_cast<uint64_t*>(&s.full[stage]);
       cute::SM90_TMA_LOAD_2D::copy(hidden, full, kCacheNormal, s.a[stage], kt * kTileK, m0);
-      if constexpr (kCluster > 1) {  // this rank's branches of the box, into both CTAs (same offset, same barrier)
-        constexpr int kBranchesPerRank = kBranches / kCluster;
-        cute::SM90_TMA_LOAD_MULTICAST_3D::copy(up, full, static_cast<uint16_t>((1u << kCluster) - 1), kCacheNormal,
-                                               s.b[stage] + rank * kBranchesPerRank * kTileK * kTileH, h0,
-                                               kt * kTileK, rank * kBranchesPerRank);
-      } else {
-        cute::SM90_TMA_LOAD_3D::copy(up, full, kCacheNormal, s.b[stage], h0, kt * kTileK, 0);
-      }
+      cute::SM90_TMA_LOAD_3D::copy(up, full, kCacheNormal, s.b[stage], h0, kt * kTileK, 0);
       if (++stage == kStages) {
         stage = 0;
         phase ^= 1;
@@ -216,25 +189,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
       ptx::MbarrierInit(&s.full[st], 1);
-      ptx::MbarrierInit(&s.empty[st], kConsumerWarps * kCluster);  // every CTA of the cluster frees a stage
+      ptx::MbarrierInit(&s.empty[st], kConsumerWarps);
     }
     ptx::MbarrierInit(&s.hn_full, 1);
     ptx::MbarrierInit(&s.hn_empty, kConsumerWarps);
   }
-  if constexpr (kCluster > 1) {
-    ptx::ClusterSync();  // the peer's barriers exist before a copy or an arrival reaches them
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   ptx::WaitOnProducer();  // hidden, hn (and pre_output's last readers) come from the kernels before
 
   if (warp >= kConsumerWarps) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (warp == kConsumerWarps && lane == 0) ProduceTiles(s, &hidden_map, &up_map, &hn_map, grid);
-    if constexpr (kCluster > 1) {
-      __syncwarp();
-      ptx::ClusterSync();  // no CTA exits while its peer may still copy into it or arrive on its barriers
-    }
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
@@ -255,9 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_row = 64 * (warp / 4) + 16 * (warp % 4) + (lane >> 2);
   int stage = 0;
   unsigned phase = 0, hn_phase = 0;
-  const int rank = CtaRank();
-  for (int t = FirstSlot(); t < grid.tiles; t += SlotStride()) {
-    const int m0 = TileRow(t, grid, rank), h0 = (t % grid.h_tiles) * kTileH;
+  for (int t = blockIdx.x; t < grid.tiles; t += gridDim.x) {
+    const int m0 = (t / grid.h_tiles) * kTileM, h0 = (t % grid.h_tiles) * kTileH;
     // zeroed here, not only by the first MMA's scale-out: the wgmma operands read the accumulators, which would
     // otherwise stay live through the last tile's epilogue. (Issuing the next tile's first K step before this
     // tile's epilogue, to run it under the epilogue, measured slower: bench/README.md, issue 14, twelfth session.)
@@ -278,12 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc);
       __syncwarp();
-      if (lane == 0) {
-        ptx::MbarrierArrive(&s.empty[stage]);
-        if constexpr (kCluster > 1) {  // the peer copies into this stage too
-          ptx::MbarrierArrivePeer(&s.empty[stage], rank ^ 1);
-        }
-      }
+      if (lane == 0) ptx::MbarrierArrive(&s.empty[stage]);
       if (++stage == kStages) {
         stage = 0;
         phase ^= 1;
@@ -343,7 +302,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) ptx::MbarrierArrive(&s.hn_empty);
   }
-  if constexpr (kCluster > 1) ptx::ClusterSync();
 #else
   __trap();  // launched only on sm_90 (HcUpGateRefusal)
 #endif
@@ -407,8 +365,8 @@ cudaError_t LaunchHcUpGate(const HcUpGateArgs<T>& a, const HcDeviceCaps& caps, b
     if (encode == nullptr) return cudaErrorNotSupported;
     CUtensorMap hidden_map, up_map, hn_map;
     if (EncodeMap<T, 2>(encode, &hidden_map, a.hidden, {R, rows}, {R * 2}, {kTileK, kTileM}) != CUDA_SUCCESS ||
-        EncodeMap<T, 3>(encode, &up_map, a.up_weight, {H, R, C}, {width * 2, H * 2},
-                        {kTileH, kTileK, kBranches / kCluster}) != CUDA_SUCCESS ||
+        EncodeMap<T, 3>(encode, &up_map, a.up_weight, {H, R, C}, {width * 2, H * 2}, {kTileH, kTileK, kBranches}) !=
+            CUDA_SUCCESS ||
         EncodeMap<T, 3>(encode, &hn_map, a.hn, {H, rows, C}, {width * 2, H * 2}, {kTileH, kTileM, kBranches}) !=
             CUDA_SUCCESS) {
       return cudaErrorInvalidValue;
@@ -418,12 +376,11 @@ cudaError_t LaunchHcUpGate(const HcUpGateArgs<T>& a, const HcDeviceCaps& caps, b
     grid.H = static_cast<int>(a.H);
     grid.k_tiles = static_cast<int>((a.R + kTileK - 1) / kTileK);
     grid.h_tiles = static_cast<int>(a.H / kTileH);
-    const int row_blocks = static_cast<int>((a.rows + kTileM - 1) / kTileM);
-    grid.tiles = (row_blocks + kCluster - 1) / kCluster * grid.h_tiles;  // a last odd row block pairs with zeros
+    grid.tiles = static_cast<int>((a.rows + kTileM - 1) / kTileM) * grid.h_tiles;
     grid.reduction_scale = a.reduction_scale;
     constexpr bool kTable = std::is_same_v<T, __nv_bfloat16>;
-    const int ctas = kCluster * std::max(1, std::min(grid.tiles, caps.sm_count / kCluster));
-    return Launch(HcUpGateKernel<T, kTable>, ctas, kThreads, kSmemBytes<kTable>, kCluster, use_pdl, stream, hidden_map,
+    const int ctas = std::max(1, std::min(grid.tiles, caps.sm_count));
+    return Launch(HcUpGateKernel<T, kTable>, ctas, kThreads, kSmemBytes<kTable>, 1, use_pdl, stream, hidden_map,
                   up_map, hn_map, a.pre_output, grid);
   }
 }
