@@ -4,8 +4,8 @@
 # its products; results wrong in 1 and 2, times only), then ncu's duration of the kernel alone at ROWS (one
 # real-shape block, bench/prefill_kernels.py) for each build and type, and cuBLASLt's up product + the
 # epilogue kernel of the unfused route for comparison. Needs ORT_INCLUDE_DIR and CUTLASS's headers
-# (HCFUSE_CUTLASS_INCLUDE, or the nvidia-cutlass wheel). EXTRA_CUDA_FLAGS go to all three builds (a candidate:
-# -DHCFUSE_UP_GATE_CLUSTER=2). Logs under $OUT (or ./up_gate_out).
+# (HCFUSE_CUTLASS_INCLUDE, or the nvidia-cutlass wheel). EXTRA_CUDA_FLAGS go to all three builds (a candidate's
+# switch). Logs under $OUT (or ./up_gate_out).
 #   ORT_INCLUDE_DIR=... ROWS="256 1024 4096" [EXTRA_CUDA_FLAGS=...] bash bench/up_gate_ablations.sh
 set -uo pipefail
 out=${OUT:-up_gate_out}
