@@ -152,12 +152,13 @@ def test_special_up_values(hcfuse_lib, monkeypatch, dtype, rows, route):
            f"up-gate {route} special {dtype.name}")
 
 
-@pytest.mark.parametrize("dtype,rows,fused", [(BF16, 40, True), (BF16, 300, True), (np.dtype(np.float16), 300, False),
-                                              (np.dtype(np.float16), 4096, True), (np.dtype(np.float32), 4096, False)],
-                         ids=["bf16-40", "bf16-300", "fp16-300", "fp16-4096", "fp32-4096"])
+@pytest.mark.parametrize("dtype,rows,fused", [(BF16, 40, True), (BF16, 300, True), (np.dtype(np.float16), 40, False),
+                                              (np.dtype(np.float16), 300, True), (np.dtype(np.float16), 4096, True),
+                                              (np.dtype(np.float32), 4096, False)],
+                         ids=["bf16-40", "bf16-300", "fp16-40", "fp16-300", "fp16-4096", "fp32-4096"])
 def test_default_route(hcfuse_lib, monkeypatch, capfd, dtype, rows, fused):
     """Unset, HCFUSE_UP_GATE takes the measured choice (HcUpGateRoute::kAuto): fused for bfloat16 in every
-    range, for float16 from the long prefill range (4096 rows), never for float32."""
+    range, for float16 from the mid range (256 rows), never for float32."""
     _require_dtype(dtype)
     monkeypatch.delenv("HCFUSE_UP_GATE", raising=False)
     monkeypatch.setenv("HCFUSE_DEBUG", "1")

@@ -347,7 +347,7 @@ bool RunsFusedUpGate(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, c
   const T* aligned = reinterpret_cast<const T*>(uintptr_t{256});
   const bool wanted = options.up_gate == HcUpGateRoute::kFused ||
                       (options.up_gate == HcUpGateRoute::kAuto &&
-                       (std::is_same_v<T, __nv_bfloat16> || p.rows >= kHcLongPrefillMinRows));
+                       (std::is_same_v<T, __nv_bfloat16> || p.rows >= kHcMidMinRows));
   return wanted && HcUpGateRefusal(UpGateArgs(p, t, aligned, aligned), caps).empty();
 }
 

@@ -48,7 +48,7 @@ struct HcLaunchStatus {
 // How the general path runs its up product (HCFUSE_UP_GATE): kFused, the product and the gate epilogue in one
 // kernel (hc_up_gate.h) wherever it can run the call; kUnfused, cuBLASLt's product and HcGateEpilogueKernel;
 // kAuto (the default), fused where it was measured faster on an H200 (bench/README.md, issue 14): bfloat16 in
-// every row range, float16 from the long prefill range (4096 rows), so a row range keeps one route. Both keep
+// every row range, float16 from the mid range (256 rows), so a row range keeps one route. Both keep
 // the contract's rounding points; up's fp32 sums run in another order, so pre_output's last bits may differ.
 enum class HcUpGateRoute { kAuto, kFused, kUnfused };
 struct HcGeneralOptions {
