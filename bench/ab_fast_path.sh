@@ -11,10 +11,8 @@ mkdir -p "$out"
 base=${BASE:?set BASE to a folder holding the baseline kernels/}
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
-build() {  # build SRC DIR LOG
-  cmake -S "$1" -B "$2" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DHCFUSE_FAST_TIMELINE=ON \
-    -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?}" > "$3" 2>&1 && timeout 300 ninja -C "$2" >> "$3" 2>&1
-}
+. "$(dirname "$0")/build_kernels.sh"
+build() { build_kernels "$1" "$2" "$3" -DHCFUSE_FAST_TIMELINE=ON; }  # build SRC DIR LOG
 build "$base/kernels" /tmp/ab_base "$out/build_base.log" & pid=$!
 build kernels /tmp/ab_cand "$out/build_cand.log" || { tail -30 "$out/build_cand.log"; exit 1; }
 wait $pid || { tail -30 "$out/build_base.log"; exit 1; }

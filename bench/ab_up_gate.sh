@@ -15,13 +15,9 @@ base=${BASE:?set BASE to a folder holding the baseline kernels/}
 rows=${ROWS:-256 1024 4096}
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
-build() {  # build SRC DIR LOG
-  cmake -S "$1" -B "$2" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-    ${HCFUSE_CUTLASS_INCLUDE:+-DHCFUSE_CUTLASS_INCLUDE=$HCFUSE_CUTLASS_INCLUDE} -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?}" \
-    > "$3" 2>&1 && timeout 300 ninja -C "$2" >> "$3" 2>&1
-}
-build "$base/kernels" /tmp/ab_base "$out/build_base.log" & pid=$!
-build kernels /tmp/ab_cand "$out/build_cand.log" || { tail -30 "$out/build_cand.log"; exit 1; }
+. "$(dirname "$0")/build_kernels.sh"
+build_kernels "$base/kernels" /tmp/ab_base "$out/build_base.log" & pid=$!
+build_kernels kernels /tmp/ab_cand "$out/build_cand.log" || { tail -30 "$out/build_cand.log"; exit 1; }
 wait $pid || { tail -30 "$out/build_base.log"; exit 1; }
 stamp built
 tests=${TESTS-tests/test_up_gate_cuda.py tests/test_prefill_cuda.py}  # empty: none

@@ -8,10 +8,9 @@
 set -uo pipefail
 out=${OUT:-h200_out}/ablation
 rows=${*:-1 4 16}
+. "$(dirname "$0")/build_kernels.sh"
 for bits in ${ABLATE_BITS:-0 1 2 3 4}; do
-  (cmake -S kernels -B /tmp/ablate$bits -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-     -DCMAKE_CUDA_FLAGS="-DHCFUSE_FAST_ABLATE=$bits" -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h}" > /dev/null &&
-   ninja -C /tmp/ablate$bits > /dev/null) &
+  build_kernels kernels /tmp/ablate$bits /dev/null -DCMAKE_CUDA_FLAGS="-DHCFUSE_FAST_ABLATE=$bits" &
 done
 wait
 for bits in ${ABLATE_BITS:-0 1 2 3 4}; do

@@ -17,9 +17,8 @@ budget=${BUDGET_S:-580}
 t0=$SECONDS
 stamp() { echo "[$((SECONDS - t0)) s] $*"; }
 cap() { local left=$((budget - (SECONDS - t0))); echo $((left < $1 ? (left > 5 ? left : 5) : $1)); }
-cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-  ${HCFUSE_CUTLASS_INCLUDE:+-DHCFUSE_CUTLASS_INCLUDE=$HCFUSE_CUTLASS_INCLUDE} -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h}" > "$out/cmake.log" 2>&1 &&
-  timeout 240 ninja -C "$build" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+. "$(dirname "$0")/build_kernels.sh"
+BUILD_TIMEOUT=${BUILD_TIMEOUT:-240} build_kernels kernels "$build" "$out/build.log" || { tail -40 "$out/build.log"; exit 1; }
 export HCFUSE_LIBRARY=$build/libhcfuse_ops.so
 stamp built
 

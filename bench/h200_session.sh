@@ -9,9 +9,8 @@ set -uo pipefail
 out=${OUT:-h200_out}
 mkdir -p "$out"
 build=${HCFUSE_BUILD_DIR:-/tmp/b}
-cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DHCFUSE_FAST_TIMELINE=ON \
-  -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h}" > "$out/cmake.log" 2>&1 &&
-  ninja -C "$build" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+. "$(dirname "$0")/build_kernels.sh"
+build_kernels kernels "$build" "$out/build.log" -DHCFUSE_FAST_TIMELINE=ON || { tail -40 "$out/build.log"; exit 1; }
 export HCFUSE_LIBRARY=$build/libhcfuse_ops.so
 mode=${1:-tests}; shift || true
 if [ -n "${TIMELINE_ROWS:-}" ]; then

@@ -21,9 +21,8 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 lib=${HCFUSE_LIBRARY:-}
 if [ -z "$lib" ] || ! python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" > "$out/load.log" 2>&1; then
   build=${HCFUSE_BUILD_DIR:-/tmp/hc_prefill_build}
-  cmake -S kernels -B "$build" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR}" > "$out/cmake.log" 2>&1 &&
-    timeout 200 ninja -C "$build" > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  . "$(dirname "$0")/build_kernels.sh"
+  BUILD_TIMEOUT=${BUILD_TIMEOUT:-200} build_kernels kernels "$build" "$out/build.log" || { tail -30 "$out/build.log"; exit 1; }
   lib=$build/libhcfuse_ops.so
   stamp "built $lib"
 fi

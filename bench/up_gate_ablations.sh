@@ -11,11 +11,10 @@ set -uo pipefail
 out=${OUT:-up_gate_out}
 mkdir -p "$out"
 rows=${ROWS:-256 1024 4096}
-cutlass=${HCFUSE_CUTLASS_INCLUDE:+-DHCFUSE_CUTLASS_INCLUDE=$HCFUSE_CUTLASS_INCLUDE}
+. "$(dirname "$0")/build_kernels.sh"
 for a in 0 1 2; do
-  (cmake -S kernels -B "/tmp/up_gate_$a" -G Ninja -DHCFUSE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a $cutlass \
-     -DCMAKE_CUDA_FLAGS="-DHCFUSE_UP_GATE_ABLATE=$a ${EXTRA_CUDA_FLAGS:-}" -DORT_INCLUDE_DIR="${ORT_INCLUDE_DIR:?set ORT_INCLUDE_DIR}" \
-     > "$out/cmake_$a.log" 2>&1 && ninja -C "/tmp/up_gate_$a" > "$out/build_$a.log" 2>&1 || echo "build $a failed") &
+  (build_kernels kernels "/tmp/up_gate_$a" "$out/build_$a.log" -DCMAKE_CUDA_FLAGS="-DHCFUSE_UP_GATE_ABLATE=$a ${EXTRA_CUDA_FLAGS:-}" ||
+     echo "build $a failed") &
 done
 wait
 time_kernels() {  # time_kernels BUILD DTYPE UP_GATE REGEX: one line per kernel and row count
