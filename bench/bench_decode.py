@@ -140,8 +140,6 @@ class ChainRunner:
                 env["HCFUSE_FAST_AHEAD"] = design[len("ahead"):]
             elif design.startswith("stage2-"):  # stage2-N: at most N stage 2 CTAs (the real shape: 80 or 160)
                 env["HCFUSE_FAST_STAGE2_CTAS"] = design[len("stage2-"):]
-            elif design.startswith("columns"):  # columnsN: stage 1 split by columns up to N rows
-                env["HCFUSE_FAST_COLUMNS_ROWS"] = design[len("columns"):]
             elif design in ("fused-up", "lt-up"):  # the general path's up product + gate epilogue fused or not
                 env["HCFUSE_UP_GATE"] = "1" if design == "fused-up" else "0"
             elif design:

@@ -153,13 +153,12 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.design = cfg.design;
     tuning.bulk_copies = cfg.bulk;
     // HCFUSE_FAST_BATCH / HCFUSE_FAST_REAL_SHAPE: on (the defaults) unless "0", as in the library;
-    // HCFUSE_FAST_AHEAD, HCFUSE_FAST_STAGE2_CTAS and HCFUSE_FAST_COLUMNS_ROWS as in the library
+    // HCFUSE_FAST_AHEAD and HCFUSE_FAST_STAGE2_CTAS as in the library
     tuning.batched_stage1 = EnvFlag("HCFUSE_FAST_BATCH");
     tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
     if (const char* ahead = std::getenv("HCFUSE_FAST_AHEAD")) tuning.kernels_ahead = std::atoi(ahead);
     if (cfg.ahead >= 0) tuning.kernels_ahead = cfg.ahead;
     if (const char* ctas = std::getenv("HCFUSE_FAST_STAGE2_CTAS")) tuning.stage2_max_ctas = std::atoi(ctas);
-    if (const char* rows = std::getenv("HCFUSE_FAST_COLUMNS_ROWS")) tuning.columns_max_rows = std::atoi(rows);
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);

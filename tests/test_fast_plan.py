@@ -217,38 +217,6 @@ def test_automatic_design_is_the_cluster_design(plan):
         assert plan(rows=rows, design="cluster") == plan(rows=rows)
 
 
-# HcFastTuning::columns_max_rows (HCFUSE_FAST_COLUMNS_ROWS): up to it stage 1 is split by columns, one
-# CTA per branch and pair of 8-column tiles of [down | inject] (the real shape: 41 tiles, 21 pairs, 84
-# CTAs). Its shared memory: two weight planes 2*2*2560*8 = 81920, norm_scale 5120, S / hn
-# 2*(rt+1)*2568 = 5136*(rt+1) (a stride of 2568: 321 16-byte chunks), part sums 4*8*rt, inverse RMS 4*rt.
-def column_stage1_bytes(rt: int) -> int:
-    return 81920 + 5120 + 5136 * (rt + 1) + 36 * rt
-
-
-@pytest.mark.parametrize("rows", [1, 2, 16])
-def test_column_stage_1_up_to_columns_rows(plan, rows):
-    split = plan(rows=rows, columns=rows)
-    assert split["column_stage1"] is True and split["stage1_ctas"] == 84, split
-    assert split["stage1_shared_bytes"] == column_stage1_bytes(rows)
-    k_split = plan(rows=rows, columns=rows - 1)
-    assert k_split["column_stage1"] is False and k_split["stage1_ctas"] == 128, k_split
-    for p in (split, k_split):  # stage 2 and the partials' layout are the cluster design's either way
-        p.pop("stage1_ctas"), p.pop("stage1_shared_bytes"), p.pop("shared_memory_bytes"), p.pop("column_stage1")
-        p.pop("stage2_shared_bytes")  # the kernels-ahead padding follows stage 1's size
-    assert split == k_split
-
-
-@pytest.mark.parametrize("settings", [
-    {"cluster": 4},           # its groups are clusters of 8
-    {"smem": 90 * 1024},      # the weight planes do not fit (the K split's tiles do)
-    {"H": 96, "R": 64},       # 6 K-split CTAs per branch: no whole group of 8 inside a branch
-])
-def test_column_stage_1_only_where_it_tiles(plan, settings):
-    p = plan(rows=1, columns=16, **settings)
-    assert p["ok"] and p["column_stage1"] is False, p
-    assert p == plan(rows=1, columns=0, **settings)
-
-
 def test_batched_stage_1_changes_no_tiling(plan):
     batched, plain = plan(rows=4, batch=1), plan(rows=4, batch=0)
     assert batched["dims"].pop("batch") is True and plain["dims"].pop("batch") is False

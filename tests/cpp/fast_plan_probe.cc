@@ -77,7 +77,6 @@ int main(int argc, char** argv) {
     else if (key == "smem_reserved") caps.reserved_shared_memory_per_block = v;
     else if (key == "ahead") tuning.kernels_ahead = v;
     else if (key == "stage2") tuning.stage2_max_ctas = v;
-    else if (key == "columns") tuning.columns_max_rows = v;
     else if (key == "real_shape") tuning.real_shape_kernels = v != 0;
     else if (key == "elem") request.element_bytes = static_cast<int>(v);
     else if (key == "aligned") request.pointers_aligned = v != 0;
@@ -99,11 +98,11 @@ int main(int argc, char** argv) {
   if (plan.ok()) {
     std::printf(", \"design\": \"%s\", \"cluster\": %d, \"use_pdl\": %s, \"stage1_ctas\": %d, \"stage2_ctas\": %d"
                 ", \"stage1_shared_bytes\": %zu, \"stage2_shared_bytes\": %zu, \"shared_memory_bytes\": %zu"
-                ", \"real_shape_kernels\": %s, \"column_stage1\": %s"
+                ", \"real_shape_kernels\": %s"
                 ", \"scratch\": {\"partials\": %zu, \"inject\": %zu, \"hn\": %zu, \"total\": %zu}",
                 DesignName(plan.design), plan.cluster, plan.use_pdl ? "true" : "false", plan.stage1_ctas,
                 plan.stage2_ctas, plan.stage1_shared_bytes, plan.stage2_shared_bytes, plan.shared_memory_bytes(),
-                plan.real_shape_kernels ? "true" : "false", plan.column_stage1 ? "true" : "false",
+                plan.real_shape_kernels ? "true" : "false",
                 plan.scratch.partials, plan.scratch.inject, plan.scratch.hn, plan.scratch.total);
     if (plan.design == HcFastDesign::kPlain) {
       const hcfuse::HcFastPlainDims& d = plan.plain_dims;

@@ -119,48 +119,6 @@ __device__ __forceinline__ void LoadS4(const T* streams, const T* prev, float ga
   S4FromVecs<T, PRO>(sv, pv, gate, s);
 }
 
-// Sums of squares of one part of a branch for ROWS rows (srow / prow point at the part's first feature
-// of each row, L features), in the one fixed order both stage 1 kernels share: a lane's 4-vectors 128
-// features apart, a vector's elements in order, then a butterfly. A lane's loads of all ROWS rows are
-// issued together (unconditional, clamped inside the part: none waits on a use), so the part costs one
-// L2 round trip. on_s(s, r, q) gets S of each of the lane's vectors (r: the row, q: its first feature in
-// the part).
-template <typename T, bool PRO, int ROWS, typename F>
-__device__ __forceinline__ void PartSumsOfSquares(const T* const (&srow)[ROWS], const T* const (&prow)[ROWS],
-                                                  const float (&gate)[ROWS], int L, float (&ss)[ROWS], F&& on_s) {
-  constexpr int kBatch = 4;  // 128-feature steps whose loads are in flight together
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) ss[r] = 0.0f;
-  for (int q0 = lane * 4; q0 < L; q0 += 128 * kBatch) {
-    cuda::Vec<T, 4> sv[ROWS][kBatch], pv[ROWS][kBatch] = {};
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int q = min(q0 + b * 128, L - 4);
-        sv[r][b] = LoadVec4<T>(srow[r] + q);
-        if constexpr (PRO) pv[r][b] = LoadVec4<T>(prow[r] + q);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int q = q0 + b * 128;
-        if (q >= L) continue;
-        float s[4];
-        S4FromVecs<T, PRO>(sv[r][b], pv[r][b], gate[r], s);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) ss[r] = cuda::MulAdd<T>(s[j], s[j], ss[r]);
-        on_s(s, r, q);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) ss[r] = cuda::WarpSum(ss[r]);
-}
-
 // sum over g = 0..groups-1 of p[g] in that order (p 16-byte aligned, written by stage 1).
 __device__ __forceinline__ float SumGroups(const float* p, int groups) {
   float acc = 0.0f;

@@ -23,7 +23,6 @@
 #include <utility>
 
 #include "cuda/hc_common.cuh"
-#include "cuda/hc_fast_columns.cuh"
 #include "cuda/hc_fast_device.cuh"
 #include "cuda/hc_fast_plan.h"
 #include "cuda/hc_fast_plain.h"
@@ -165,14 +164,27 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
         const int p = (d.ss_local ? 0 : rank * d.ss_parts) + pair % d.ss_parts;
         float ss = 0.0f;
         if constexpr (BATCH) {
-          const T* const srows[1] = {srow + p * L};
-          const T* const prows[1] = {PRO ? prow + p * L : nullptr};
-          const float gates[1] = {gate};
-          float sums[1];
-          PartSumsOfSquares<T, PRO, 1>(srows, prows, gates, L, sums, [&](const float (&s)[4], int, int q) {
-            if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
-          });
-          ss = sums[0];
+          constexpr int kBatch = 4;  // 128-feature steps whose loads are in flight together
+          for (int q0 = lane * 4; q0 < L; q0 += 128 * kBatch) {
+            // unconditional loads (past the part: its last vector, unused), so that none waits on a use
+            cuda::Vec<T, 4> sv[kBatch], pv[kBatch] = {};
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b) {
+              const int q = p * L + min(q0 + b * 128, L - 4);
+              sv[b] = LoadVec4<T>(srow + q);
+              if constexpr (PRO) pv[b] = LoadVec4<T>(prow + q);
+            }
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b) {  // the same q order as below: the same sum
+              const int q = q0 + b * 128;
+              if (q >= L) continue;
+              float s[4];
+              S4FromVecs<T, PRO>(sv[b], pv[b], gate, s);
+#pragma unroll
+              for (int j = 0; j < 4; ++j) ss = cuda::MulAdd<T>(s[j], s[j], ss);
+              if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
+            }
+          }
         } else {
 #pragma unroll 4
           for (int q = lane * 4; q < L; q += 128) {
@@ -182,8 +194,8 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
             for (int j = 0; j < 4; ++j) ss = cuda::MulAdd<T>(s[j], s[j], ss);
             if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
           }
-          ss = cuda::WarpSum(ss);
         }
+        ss = cuda::WarpSum(ss);
         if (lane == 0) {
           if (d.ss_local || CL == 1) {
             part_sum[p * d.rt + i] = ss;
@@ -457,22 +469,10 @@ cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPla
                                       cudaStream_t stream, bool weights_are_constant) {
   float* partials = static_cast<float*>(scratch);
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
-  cudaError_t err = cudaSuccess;
-  bool launched = false;
-  if constexpr (CL == kHcFastClusterSize) {  // the plan splits stage 1 by columns for clusters of 8 only
-    if (plan.column_stage1) {
-      const auto columns = d.has_prologue ? HcFastColumnStage1Kernel<T, true, D> : HcFastColumnStage1Kernel<T, false, D>;
-      err = Launch(columns, plan.stage1_ctas, kColumnThreads, plan.stage1_shared_bytes, 1, plan.use_pdl, stream, args,
-                   d, partials, hn, weights_are_constant);
-      launched = true;
-    }
-  }
-  if (!launched) {
-    const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
-                                : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
-    err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl, stream, args, d,
-                 partials, hn, weights_are_constant);
-  }
+  const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
+                              : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
+  cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
+                           stream, args, d, partials, hn, weights_are_constant);
   if (err != cudaSuccess) return {"stage 1 kernel", err};
   err = Launch(HcFastStage2Kernel<T, CL, D>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL,
                plan.use_pdl, stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn),
@@ -521,21 +521,10 @@ std::string Summary(const HcFastPlan& plan) {
   const FastDims& d = plan.cluster_dims;
   const size_t smem1 = plan.stage1_shared_bytes, smem2 = plan.stage2_shared_bytes;
   const char* fit = CL > 1 ? "clusters fit at once" : "CTAs fit per SM";
-  std::string stage1;
-  if constexpr (CL == kHcFastClusterSize) {
-    if (plan.column_stage1) {
-      stage1 = std::to_string(plan.stage1_ctas) + " CTAs x " + std::to_string(kColumnThreads) + " threads, " +
-               std::to_string(smem1) + " B shared, split by columns (" +
-               std::to_string(MaxActive(HcFastColumnStage1Kernel<T, true, FastDims>, kColumnThreads, smem1, 1)) +
-               " CTAs fit per SM)";
-    }
-  }
-  if (stage1.empty()) {
-    stage1 = std::to_string(plan.stage1_ctas) + " CTAs x " + std::to_string(kStage1Threads) + " threads, " +
-             std::to_string(smem1) + " B shared, clusters of " + std::to_string(CL) + " (" +
-             std::to_string(MaxActive(HcFastStage1Kernel<T, CL, true>, kStage1Threads, smem1, CL)) + " " + fit + ")";
-  }
-  return "stage 1: " + stage1 + "; stage 2: " + std::to_string(plan.stage2_ctas) + " CTAs x " + std::to_string(kStage2Threads) +
+  return "stage 1: " + std::to_string(plan.stage1_ctas) + " CTAs x " + std::to_string(kStage1Threads) + " threads, " +
+         std::to_string(smem1) + " B shared, clusters of " + std::to_string(CL) + " (" +
+         std::to_string(MaxActive(HcFastStage1Kernel<T, CL, true>, kStage1Threads, smem1, CL)) + " " + fit +
+         "); stage 2: " + std::to_string(plan.stage2_ctas) + " CTAs x " + std::to_string(kStage2Threads) +
          " threads, " + std::to_string(smem2) + " B shared (" +
          std::to_string(MaxActive(HcFastStage2Kernel<T, CL>, kStage2Threads, smem2, CL)) + " " + fit +
          "); rows per pass " + std::to_string(d.rt) + ", sums of squares " + (d.ss_local ? "local" : "shared") +

@@ -129,8 +129,6 @@ HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const Hc
   d.ss_parts = d.ss_local ? parts : parts / cluster;
   d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
   d.batch = tuning.batched_stage1;
-  d.pairs = (d.R / 8 + 1 + 1) / 2;  // R / 8 down tiles and one inject tile, two a CTA
-  d.ldac = static_cast<int>(PaddedStride(d.H));
   return d;
 }
 
@@ -255,14 +253,6 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
     plan.stage2_shared_bytes = HcFastStage2Layout(d).total;
     plan.scratch.hn = Align256(rows * d.np * d.g4 * sizeof(float));
     plan.real_shape_kernels = tuning.real_shape_kernels && HcFastRealShape::Matches(d, plan.cluster);
-    // Stage 1 by columns: its groups are the cluster design's (8 CTAs inside one branch), and it fits.
-    const size_t column_bytes = HcFastColumnLayout(d).total;
-    if (params.rows <= tuning.columns_max_rows && plan.cluster == kHcFastClusterSize && d.cpb % plan.cluster == 0 &&
-        column_bytes <= static_cast<size_t>(std::max<int64_t>(caps.max_shared_memory_per_block, 0))) {
-      plan.column_stage1 = true;
-      plan.stage1_ctas = d.pairs * d.C;
-      plan.stage1_shared_bytes = column_bytes;
-    }
     if (plan.real_shape_kernels) LimitKernelsAhead(plan, caps, tuning.kernels_ahead);
   }
   plan.scratch.total = plan.scratch.hn + Align256(rows * params.width() * 2);

@@ -88,11 +88,6 @@ struct HcFastTuning {
   // CTAs of 32 features fits next to stage 1's 128 CTAs on an H200's 132 SMs, where 160 leave 28 CTAs
   // waiting for stage 1 to exit)
   int64_t stage2_max_ctas = 0;
-  // cluster design with clusters of 8: up to this many rows stage 1 runs split by columns instead of K
-  // (HcFastColumnStage1Kernel, hc_fast_columns.cuh: every CTA one branch and two 8-column mma tiles, all
-  // 8 ranks of its groups in one warp each, no cluster exchange; the same partials bit for bit), where
-  // the plan can tile it (HCFUSE_FAST_COLUMNS_ROWS)
-  int64_t columns_max_rows = 0;
   unsigned long long* timeline = nullptr;
   int timeline_slot = 0;
 };
@@ -136,7 +131,6 @@ struct HcFastClusterDims {
   int piece;          // stage 2: elements per copy (8: 16-byte copies, 4: 8-byte copies)
   int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
   int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
-  int pairs, ldac;    // column stage 1: CTAs per branch (pairs of 8-column tiles of [down | inject]), A stride
   bool ss_local, hidden_local, has_prologue, batch;
   float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
   unsigned long long* timeline;  // the timeline probe's records (HCFUSE_FAST_TIMELINE builds)
@@ -173,22 +167,6 @@ struct HcFastStage1Layout {
     part_sum = s_slice + size_t{4} * d.rt * d.ks;                   // f32 [parts][rt]
     red = part_sum + size_t{4} * kHcFastSsParts * d.rt;             // f32 [cluster][rt][per1]
     total = red + size_t{4} * cluster * d.rt * d.per1;
-  }
-};
-
-// Stage 1 split by columns (hc_fast_columns.cuh): a CTA's two weight planes (its two 8-column tiles over
-// the branch's H rows), the branch's norm_scale, S then hn of the pass's rows, the part sums, each row's
-// inverse RMS.
-struct HcFastColumnLayout {
-  size_t tile, scale, a, part_sum, inv_rms, total;
-  template <typename D>
-  HCFUSE_HOST_DEVICE explicit HcFastColumnLayout(const D& d) {
-    tile = 0;                                                    // T [2][H][8]
-    scale = tile + size_t{2} * 2 * d.H * 8;                      // T [H]
-    a = scale + (size_t{2} * d.H + 15) / 16 * 16;                // T [rt + 1][ldac] (last row zero)
-    part_sum = a + (size_t{2} * (d.rt + 1) * d.ldac + 15) / 16 * 16;  // f32 [parts][rt]
-    inv_rms = part_sum + size_t{4} * kHcFastSsParts * d.rt;           // f32 [rt]
-    total = inv_rms + size_t{4} * d.rt;
   }
 };
 
@@ -249,7 +227,6 @@ struct HcFastPlan {
   HcFastClusterDims cluster_dims{};  // the kernels' arguments when design == kCluster
   HcFastPlainDims plain_dims{};      // when design == kPlain
   bool real_shape_kernels = false;   // launch the real shape's kernels (HcFastRealShape)
-  bool column_stage1 = false;        // cluster design: stage 1 split by columns (HcFastTuning::columns_max_rows)
 
   bool ok() const { return reason.empty(); }
   size_t shared_memory_bytes() const {

@@ -74,8 +74,7 @@ std::optional<bool> ReadZeroOrOne(const char* name) {
 // copied, HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores and
 // HCFUSE_FAST_REAL_SHAPE (0|1) whether the real shape runs its constant-tiling kernels and
 // HCFUSE_FAST_AHEAD how many later kernels may wait next to them, HCFUSE_FAST_STAGE2_CTAS the most
-// stage 2 CTAs, HCFUSE_FAST_COLUMNS_ROWS up to how many rows stage 1 is split by columns (results never
-// change),
+// stage 2 CTAs (results never change),
 // HCFUSE_FAST_CLUSTER its
 // cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
 // The defaults are HcFastTuning's (batched stage 1 included: measured faster in bf16 and fp16 on the
@@ -86,8 +85,7 @@ HcFastTuning ReadFastTuning() {
                              std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
                              std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster},
                              std::pair{"HCFUSE_FAST_AHEAD", &tuning.kernels_ahead},
-                             std::pair{"HCFUSE_FAST_STAGE2_CTAS", &tuning.stage2_max_ctas},
-                             std::pair{"HCFUSE_FAST_COLUMNS_ROWS", &tuning.columns_max_rows}}) {
+                             std::pair{"HCFUSE_FAST_STAGE2_CTAS", &tuning.stage2_max_ctas}}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
