@@ -88,6 +88,66 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
   }
 }
 
+// WarpMma with the rows on mma's N side (stage 2's up product): one mma covers 16 columns of 8 rows
+// instead of 8 columns of 16 rows, so up to 8 rows need half the products and the weights (mma's A
+// operand, through the transposing load) are read from shared memory once. Tile t: out[t] = X[xr[t] ..
+// xr[t] + 8) @ W[:, m0[t] .. m0[t] + 16) (m0 < 0: none; tile 0's columns go into a discarded accumulator),
+// X [rows][k] (stride ldx), W [k][columns] (stride ldw), k steps and chains as in WarpMma. Only the
+// x_rows real rows of X are read (two 4-byte loads a lane, no ldmatrix of 8 rows for one); the others
+// multiply as zeros. Lane l holds columns m0 + l/4 (e = 0, 1) and m0 + l/4 + 8 (e = 2, 3) of rows xr +
+// 2 (l % 4) + (e & 1).
+template <typename T, int TILES, int CHAINS>
+__device__ __forceinline__ void WarpMmaRowsN(const T* X, int x_rows, int ldx, const T* W, int ldw, int ksteps,
+                                             const int (&m0)[TILES], const int (&xr)[TILES], float (&out)[TILES][4]) {
+  const int lane = threadIdx.x & 31;
+  float acc[CHAINS][TILES][4] = {};
+  const unsigned* x_row[TILES];
+  bool x_real[TILES];
+  unsigned w_row[TILES];
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+    // B: lane l takes row xr + l/4, k pairs 2 (l % 4) (b[0]) and 8 + 2 (l % 4) (b[1]) of each step
+    x_real[t] = xr[t] + (lane >> 2) < x_rows;
+    x_row[t] = reinterpret_cast<const unsigned*>(X + min(xr[t] + (lane >> 2), x_rows - 1) * ldx + 2 * (lane & 3));
+    // A (transposed): lane l addresses k row (l & 7) + 8 (l >= 16), columns m0 + 8 ((l >> 3) & 1)
+    w_row[t] = SharedAddress(W + ((lane & 7) + ((lane >> 4) << 3)) * ldw + max(m0[t], 0) + ((lane >> 3) & 1) * 8);
+  }
+  const unsigned w_step = 16 * 2 * ldw;  // bytes from one k step to the next (X: 8 words)
+  auto group = [&](int k, int steps) {
+    unsigned a[CHAINS][TILES][4], b[CHAINS][TILES][2];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) {
+      if (c >= steps) continue;
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+        LoadAFragmentTrans(a[c][t], w_row[t] + (k + c) * w_step);
+        b[c][t][0] = x_real[t] ? x_row[t][(k + c) * 8] : 0u;
+        b[c][t][1] = x_real[t] ? x_row[t][(k + c) * 8 + 4] : 0u;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) {
+      if (c >= steps) continue;
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) Mma<T>(acc[c][t], a[c][t], b[c][t]);
+    }
+  };
+  int k = 0;
+#pragma unroll 1
+  for (; k + CHAINS <= ksteps; k += CHAINS) group(k, CHAINS);
+  if (k < ksteps) group(k, ksteps - k);
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float s = acc[0][t][j];
+#pragma unroll
+      for (int c = 1; c < CHAINS; ++c) s += acc[c][t][j];
+      out[t][j] = s;
+    }
+  }
+}
+
 // Four T at p (8-byte aligned, written by an earlier kernel) through the read-only path.
 template <typename T>
 __device__ __forceinline__ cuda::Vec<T, 4> LoadVec4(const T* p) {

@@ -345,8 +345,8 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     }
   };
 
-  // Rows R..rp of the tile and columns R..rp of the A tile pad K to whole mma steps, and the A tile's
-  // last row stands in for missing rows: zero.
+  // Rows R..rp of the tile and columns R..rp of the A tile pad K to whole mma steps: zero (and the A
+  // tile's last row, which the layout keeps).
   for (int idx = tid; idx < (d.rp - d.R) * d.ldu; idx += blockDim.x) tile[d.R * d.ldu + idx] = FromFloat<T>(0.0f);
   for (int idx = tid; idx < (d.rt + 1) * d.lda2; idx += blockDim.x) {
     if (idx >= d.rt * d.lda2 || idx % d.lda2 >= d.R) a_tile[idx] = FromFloat<T>(0.0f);
@@ -400,11 +400,14 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       a_tile[i * d.lda2 + n] = FromFloat<T>(cuda::ScaledSilu<T>(v, d.silu_alpha));
     }
     // inject -> post_gate (rounding points: inject, post_gate), CTA 0 only, by the warps that own no up
-    // tile below (the real shape: 2 of 10; else the last warp), while this CTA's hidden slice travels
+    // tile below (the real shape: 6 of 10 up to 8 rows, 2 at 16; else the last warp), while this CTA's hidden slice travels
     // to its peers: nothing in the kernel reads it. In the loop above, its C items a row gave CTA 0 one
     // more pass of L2 round trips than the other CTAs at 8 and 16 rows (real shape). Measured on the
     // H200 (bench/README.md, eighth session): -0.1 us a block at 1 row, 4-16 rows within +-0.1.
-    const int gate_first = min(d.n2 / 8, num_warps - 1) * 32;
+    // the up product's warp tasks below: (16-column tile, 8-row group) pairs (C * hs: a multiple of 16,
+    // C being 4 or 8 and hs a multiple of 4)
+    const int up_items = d.n2 / 16 * ((nr + 7) / 8);
+    const int gate_first = min(up_items, num_warps - 1) * 32;
     auto post_gate = [&] {
       if (!gate_cta || tid < gate_first) return;
       for (int idx = tid - gate_first; idx < nr * d.C; idx += blockDim.x - gate_first) {
@@ -437,19 +440,24 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     }
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase3);  // hidden values exchanged
 
-    // up on tensor cores, one column tile per warp (four k chains), then g (rounding points: up, g).
-    for (int t = warp; t < d.n2 / 8; t += num_warps) {
-      const int n0[1] = {t * 8};
+    // up on tensor cores with the rows on mma's N side (WarpMmaRowsN: one 16-column tile of 8 rows a warp,
+    // four k chains), then g (rounding points: up, g). Against 8-column tiles of 16 rows (the plain design's
+    // WarpMma, the same bits: test_plain_and_cluster_designs_give_the_same_bits) that is half the products
+    // up to 8 rows and the weights read from shared memory once: measured on the H200 (bench/README.md,
+    // twenty-first session) the up phase 1.42 -> 1.01 us at 1 row, the block -0.27 us in bf16.
+    const int mtiles = d.n2 / 16;
+    for (int item = warp; item < up_items; item += num_warps) {
+      const int m0[1] = {(item % mtiles) * 16}, xr[1] = {(item / mtiles) * 8};
       float acc[1][4];
       if constexpr (kAblateMma) {
         acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
       } else {
-        WarpMma<T, 1, 4>(a_tile, d.rt, d.lda2, tile, d.ldu, d.rp / 16, n0, acc);
+        WarpMmaRowsN<T, 1, 4>(a_tile, nr, d.lda2, tile, d.ldu, d.rp / 16, m0, xr, acc);
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = (lane >> 2) + (e >> 1) * 8;
-        if (i < nr) g_s[i * d.n2 + n0[0] + (lane & 3) * 2 + (e & 1)] = RoundToT<T>(cuda::Sigmoid(RoundToT<T>(acc[0][e])));
+        const int i = xr[0] + 2 * (lane & 3) + (e & 1), col = m0[0] + (lane >> 2) + (e >> 1) * 8;
+        if (i < nr) g_s[i * d.n2 + col] = RoundToT<T>(cuda::Sigmoid(RoundToT<T>(acc[0][e])));
       }
     }
     __syncthreads();

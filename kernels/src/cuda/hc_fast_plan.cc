@@ -52,7 +52,8 @@ int64_t Stage2Ctas(const HcLowRankMixParams& p, int64_t cluster, int64_t max_cta
   for (const int64_t piece : {8, 4}) {
     for (int64_t ctas = piece == 8 ? top : std::min<int64_t>(top, 128); ctas >= 1; --ctas) {
       const int64_t hs = p.H / ctas;
-      if (p.H % ctas != 0 || hs % piece != 0 || (p.C * hs) % 8 != 0 || ctas % cluster != 0) continue;
+      // C * hs: whole 16-column tiles of the up product (C % 4 == 0 and hs % 4 == 0 give it)
+      if (p.H % ctas != 0 || hs % piece != 0 || (p.C * hs) % 16 != 0 || ctas % cluster != 0) continue;
       if (Stage2TileBytes(p, hs) > max_tile) break;  // fewer CTAs only grow the tile
       return ctas;
     }

@@ -114,6 +114,15 @@ __device__ __forceinline__ void LoadBFragment(unsigned (&b)[2], unsigned lane_ro
                : "memory");
 }
 
+// A fragment of a 16 x 16 tile of A = W^T, W row-major [k][m] used in place, through the transposing load
+// (rows on the N side: the weights are mma's A operand).
+__device__ __forceinline__ void LoadAFragmentTrans(unsigned (&a)[4], unsigned lane_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(lane_row)
+               : "memory");
+}
+
 // d += a @ b on tensor cores, fp32 accumulation.
 template <typename T>
 __device__ __forceinline__ void Mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
