@@ -33,6 +33,28 @@ constexpr bool kAblateWork = (HCFUSE_FAST_ABLATE & 2) != 0;
 constexpr bool kAblateMma = (HCFUSE_FAST_ABLATE & 4) != 0;
 constexpr int kParts = static_cast<int>(kHcFastSsParts);
 
+// The k loop both warp products share: group(k, steps) issues steps k .. k + steps - 1 (at most CHAINS, step
+// k + c into chain c), then the chains are added in order into out (the fixed order both designs and both
+// operand layouts keep).
+template <int TILES, int CHAINS, typename Group>
+__device__ __forceinline__ void RunChains(int ksteps, Group&& group, const float (&acc)[CHAINS][TILES][4],
+                                          float (&out)[TILES][4]) {
+  int k = 0;
+#pragma unroll 1
+  for (; k + CHAINS <= ksteps; k += CHAINS) group(k, CHAINS);
+  if (k < ksteps) group(k, ksteps - k);
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float s = acc[0][t][j];
+#pragma unroll
+      for (int c = 1; c < CHAINS; ++c) s += acc[c][t][j];
+      out[t][j] = s;
+    }
+  }
+}
+
 // One warp: out[t] = A[16 x 16*ksteps] @ B[:, n0[t] .. n0[t] + 8) for TILES column tiles (n0 < 0: none),
 // A and B in shared memory (row strides lda, ldb); A has a_rows rows and a zero row after them, which
 // stands in for rows a_rows..15. k step k goes to accumulator chain k % CHAINS (independent mma chains),
@@ -72,20 +94,7 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
       for (int t = 0; t < TILES; ++t) Mma<T>(acc[c][t], a[c], b[c][t]);
     }
   };
-  int k = 0;
-#pragma unroll 1
-  for (; k + CHAINS <= ksteps; k += CHAINS) group(k, CHAINS);
-  if (k < ksteps) group(k, ksteps - k);
-#pragma unroll
-  for (int t = 0; t < TILES; ++t) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float s = acc[0][t][j];
-#pragma unroll
-      for (int c = 1; c < CHAINS; ++c) s += acc[c][t][j];
-      out[t][j] = s;
-    }
-  }
+  RunChains<TILES, CHAINS>(ksteps, group, acc, out);
 }
 
 // WarpMma with the rows on mma's N side (stage 2's up product): one mma covers 16 columns of 8 rows
@@ -132,20 +141,7 @@ __device__ __forceinline__ void WarpMmaRowsN(const T* X, int x_rows, int ldx, co
       for (int t = 0; t < TILES; ++t) Mma<T>(acc[c][t], a[c][t], b[c][t]);
     }
   };
-  int k = 0;
-#pragma unroll 1
-  for (; k + CHAINS <= ksteps; k += CHAINS) group(k, CHAINS);
-  if (k < ksteps) group(k, ksteps - k);
-#pragma unroll
-  for (int t = 0; t < TILES; ++t) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float s = acc[0][t][j];
-#pragma unroll
-      for (int c = 1; c < CHAINS; ++c) s += acc[c][t][j];
-      out[t][j] = s;
-    }
-  }
+  RunChains<TILES, CHAINS>(ksteps, group, acc, out);
 }
 
 // Four T at p (8-byte aligned, written by an earlier kernel) through the read-only path.
