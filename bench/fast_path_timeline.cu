@@ -40,8 +40,9 @@ using T = __nv_bfloat16;
 
 constexpr int kC = hcfuse_bench::kQwenC, kH = hcfuse_bench::kQwenH, kR = hcfuse_bench::kQwenR, kK = kC * kH, kSets = 8;
 constexpr int kCtas = 256;  // records per kernel slot (fast::kTimelineCtas)
-// start, waited, end (ns), waited, end (SM cycles), 4 phases (ns), SM (fast::kTimelineFields)
-constexpr int kFields = 10;
+// start, waited, end (ns), waited, end (SM cycles), 4 phases (ns), SM, a mark inside a phase (ns)
+// (fast::kTimelineFields)
+constexpr int kFields = 11;
 
 #define CK(x)                                                                                 \
   do {                                                                                        \
@@ -194,8 +195,8 @@ void DumpRecords(const std::vector<unsigned long long>& rec, int first, int coun
       if (s != 0) t0 = std::min(t0, s);
     }
   }
-  std::fprintf(f, "block,stage,cta,sm,start,waited,end,phase1,phase2,phase3,phase4\n");
-  const int events[] = {0, 1, 2, 5, 6, 7, 8};
+  std::fprintf(f, "block,stage,cta,sm,start,waited,end,phase1,phase2,phase3,phase4,phase5\n");
+  const int events[] = {0, 1, 2, 5, 6, 7, 8, 10};
   for (int k = 2 * first; k < 2 * (first + count); ++k) {
     for (int cta = 0; cta < kCtas; ++cta) {
       const unsigned long long* r = &rec[(static_cast<size_t>(k) * kCtas + cta) * kFields];
@@ -254,8 +255,8 @@ std::vector<unsigned short> Download(const T* p, size_t n) {
 struct KernelSpan {
   double start_min = 1e300, start_max = 0, wait_min = 1e300, wait_max = 0, end_max = 0;
   double cycles = 0, ns = 0;  // summed over CTAs, wait -> end: the SM clock
-  double phase[4] = {0, 0, 0, 0};  // mean over CTAs of phase end - wait return (us)
-  int phased = 0;
+  double phase[5] = {0, 0, 0, 0, 0};  // mean over CTAs of phase end - wait return (us); [4]: kPhase5
+  int phased = 0, marked = 0;       // CTAs with phase records, with a kPhase5 record
 };
 
 // Per-kernel spans (us from the first start) of slots [0, kernels), CTAs with a record.
@@ -282,6 +283,10 @@ std::vector<KernelSpan> Spans(const std::vector<unsigned long long>& rec, int ke
       if (r[5] != 0) {
         for (int q = 0; q < 4; ++q) sp.phase[q] += (static_cast<double>(r[5 + q]) - static_cast<double>(r[1])) / 1e3;
         ++sp.phased;
+      }
+      if (r[10] != 0) {
+        sp.phase[4] += (static_cast<double>(r[10]) - static_cast<double>(r[1])) / 1e3;
+        ++sp.marked;
       }
       if (r[2] > r[1]) {
         sp.cycles += static_cast<double>(r[4] - r[3]);
@@ -320,17 +325,22 @@ void PrintTimeline(const std::vector<KernelSpan>& sp, const char* design, int ro
               design, rows, first, last - 1, period / n, ahead[0] / n, resident[0] / n, boundary[0] / n, spread[0] / n,
               work[0] / n, ahead[1] / n, resident[1] / n, boundary[1] / n, spread[1] / n, work[1] / n,
               ns > 0 ? cycles / ns : 0.0);
-  double ph[2][4] = {};
+  double ph[2][5] = {};
   for (int b = first; b < last; ++b) {
     for (int s = 0; s < 2; ++s) {
       const KernelSpan& k = sp[2 * b + s];
       for (int q = 0; q < 4 && k.phased > 0; ++q) ph[s][q] += k.phase[q] / k.phased / n;
+      if (k.marked > 0) ph[s][4] += k.phase[4] / k.marked / n;
     }
   }
   if (ph[0][3] > 0) {
     std::printf("  phase marks after the wait (us, mean CTA; the kernels' kPhase1-4 comments say what each is): "
                 "stage 1 %.2f %.2f %.2f %.2f; stage 2 %.2f %.2f %.2f %.2f\n",
                 ph[0][0], ph[0][1], ph[0][2], ph[0][3], ph[1][0], ph[1][1], ph[1][2], ph[1][3]);
+  }
+  if (ph[0][4] > 0) {
+    std::printf("  stage 1 kPhase5 (inside its products phase: warp 0's first tiles multiplied, before their "
+                "scatter): %.2f us after the wait\n", ph[0][4]);
   }
   std::printf("  kernel: first start / last start / first wait return / last wait return / last end (us)\n");
   for (int k = 2 * first; k < 2 * first + 6; ++k) {

@@ -193,12 +193,12 @@ __device__ __forceinline__ float SumGroups(const float* p, int groups) {
 
 // Timeline probe (build with -DHCFUSE_FAST_TIMELINE, bench/fast_path_timeline.cu): thread 0 of each CTA
 // writes %globaltimer at its start, after the grid-dependency wait and at its end, and the SM's cycle
-// counter after the wait and at the end, %globaltimer after each phase of the first pass (kPhase1..4)
-// and, at the start, the SM it runs on, into timeline[((slot * kTimelineCtas) + cta) * kTimelineFields +
-// field]. Nothing is recorded in other builds.
+// counter after the wait and at the end, %globaltimer after each phase of the first pass (kPhase1..4;
+// kPhase5: a mark inside a phase, where a kernel sets one) and, at the start, the SM it runs on, into
+// timeline[((slot * kTimelineCtas) + cta) * kTimelineFields + field]. Nothing is recorded in other builds.
 inline constexpr int kTimelineCtas = 256;
-inline constexpr int kTimelineFields = 10;
-enum TimelineEvent { kTimelineStart = 0, kTimelineWaited = 1, kTimelineEnd = 2, kPhase1 = 5, kPhase2, kPhase3, kPhase4 };
+inline constexpr int kTimelineFields = 11;
+enum TimelineEvent { kTimelineStart = 0, kTimelineWaited = 1, kTimelineEnd = 2, kPhase1 = 5, kPhase2, kPhase3, kPhase4, kPhase5 = 10 };
 inline constexpr int kTimelineSm = 9;
 __device__ __forceinline__ void TimelineMark(unsigned long long* timeline, int slot, TimelineEvent event) {
 #ifdef HCFUSE_FAST_TIMELINE

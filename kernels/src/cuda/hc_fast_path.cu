@@ -250,6 +250,7 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
       } else {
         WarpMma<T, 4, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
       }
+      if (r0 == 0 && t0 == warp) TimelineMark(d.timeline, d.slot, kPhase5);  // warp 0's first tiles multiplied
       // per1 is a whole number of tiles, so a tile has one owner: one address per tile and one 8-byte
       // store per row (a lane's two adjacent columns). The padding columns past np go along (zeros,
       // inside the owner's per1 columns, never read).
