@@ -33,19 +33,16 @@ constexpr bool kAblateWork = (HCFUSE_FAST_ABLATE & 2) != 0;
 constexpr bool kAblateMma = (HCFUSE_FAST_ABLATE & 4) != 0;
 constexpr int kParts = static_cast<int>(kHcFastSsParts);
 
-// The k loop the warp products share: group(k, steps) issues steps k .. k + steps - 1 (at most CHAINS, step
-// k + c into chain c).
-template <int CHAINS, typename Group>
-__device__ __forceinline__ void RunSteps(int ksteps, Group&& group) {
+// The k loop both warp products share: group(k, steps) issues steps k .. k + steps - 1 (at most CHAINS, step
+// k + c into chain c), then the chains are added in order into out (the fixed order both designs and both
+// operand layouts keep).
+template <int TILES, int CHAINS, typename Group>
+__device__ __forceinline__ void RunChains(int ksteps, Group&& group, const float (&acc)[CHAINS][TILES][4],
+                                          float (&out)[TILES][4]) {
   int k = 0;
 #pragma unroll 1
   for (; k + CHAINS <= ksteps; k += CHAINS) group(k, CHAINS);
   if (k < ksteps) group(k, ksteps - k);
-}
-
-// The chains added in order into out (the fixed order both designs and both operand layouts keep).
-template <int TILES, int CHAINS>
-__device__ __forceinline__ void SumChains(const float (&acc)[CHAINS][TILES][4], float (&out)[TILES][4]) {
 #pragma unroll
   for (int t = 0; t < TILES; ++t) {
 #pragma unroll
@@ -97,8 +94,7 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
       for (int t = 0; t < TILES; ++t) Mma<T>(acc[c][t], a[c], b[c][t]);
     }
   };
-  RunSteps<CHAINS>(ksteps, group);
-  SumChains<TILES, CHAINS>(acc, out);
+  RunChains<TILES, CHAINS>(ksteps, group, acc, out);
 }
 
 // WarpMma with the rows on mma's N side (stage 2's up product): one mma covers 16 columns of 8 rows
@@ -108,20 +104,12 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
 // X [rows][k] (stride ldx), W [k][columns] (stride ldw), k steps and chains as in WarpMma. Only the
 // x_rows real rows of X are read (two 4-byte loads a lane, no ldmatrix of 8 rows for one); the others
 // multiply as zeros. Lane l holds columns m0 + l/4 (e = 0, 1) and m0 + l/4 + 8 (e = 2, 3) of rows xr +
-// 2 (l % 4) + (e & 1). WarpMmaRowsNChains runs only chains FIRST .. FIRST + COUNT - 1 of the CHAINS and
-// leaves them unsummed (acc[c]: chain FIRST + c), so two warps can share one tile's chains and still add
-// them in order.
-template <typename T, int TILES, int CHAINS, int FIRST, int COUNT>
-__device__ __forceinline__ void WarpMmaRowsNChains(const T* X, int x_rows, int ldx, const T* W, int ldw, int ksteps,
-                                                   const int (&m0)[TILES], const int (&xr)[TILES],
-                                                   float (&acc)[COUNT][TILES][4]) {
-  static_assert(FIRST >= 0 && COUNT >= 1 && FIRST + COUNT <= CHAINS, "a range of the chains");
+// 2 (l % 4) + (e & 1).
+template <typename T, int TILES, int CHAINS>
+__device__ __forceinline__ void WarpMmaRowsN(const T* X, int x_rows, int ldx, const T* W, int ldw, int ksteps,
+                                             const int (&m0)[TILES], const int (&xr)[TILES], float (&out)[TILES][4]) {
   const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int c = 0; c < COUNT; ++c) {
-#pragma unroll
-    for (int t = 0; t < TILES; ++t) acc[c][t][0] = acc[c][t][1] = acc[c][t][2] = acc[c][t][3] = 0.0f;
-  }
+  float acc[CHAINS][TILES][4] = {};
   const unsigned* x_row[TILES];
   bool x_real[TILES];
   unsigned w_row[TILES];
@@ -135,34 +123,25 @@ __device__ __forceinline__ void WarpMmaRowsNChains(const T* X, int x_rows, int l
   }
   const unsigned w_step = 16 * 2 * ldw;  // bytes from one k step to the next (X: 8 words)
   auto group = [&](int k, int steps) {
-    unsigned a[COUNT][TILES][4], b[COUNT][TILES][2];
+    unsigned a[CHAINS][TILES][4], b[CHAINS][TILES][2];
 #pragma unroll
-    for (int c = 0; c < COUNT; ++c) {
-      if (FIRST + c >= steps) continue;
-      const int s = k + FIRST + c;
+    for (int c = 0; c < CHAINS; ++c) {
+      if (c >= steps) continue;
 #pragma unroll
       for (int t = 0; t < TILES; ++t) {
-        LoadAFragmentTrans(a[c][t], w_row[t] + s * w_step);
-        b[c][t][0] = x_real[t] ? x_row[t][s * 8] : 0u;
-        b[c][t][1] = x_real[t] ? x_row[t][s * 8 + 4] : 0u;
+        LoadAFragmentTrans(a[c][t], w_row[t] + (k + c) * w_step);
+        b[c][t][0] = x_real[t] ? x_row[t][(k + c) * 8] : 0u;
+        b[c][t][1] = x_real[t] ? x_row[t][(k + c) * 8 + 4] : 0u;
       }
     }
 #pragma unroll
-    for (int c = 0; c < COUNT; ++c) {
-      if (FIRST + c >= steps) continue;
+    for (int c = 0; c < CHAINS; ++c) {
+      if (c >= steps) continue;
 #pragma unroll
       for (int t = 0; t < TILES; ++t) Mma<T>(acc[c][t], a[c][t], b[c][t]);
     }
   };
-  RunSteps<CHAINS>(ksteps, group);
-}
-
-template <typename T, int TILES, int CHAINS>
-__device__ __forceinline__ void WarpMmaRowsN(const T* X, int x_rows, int ldx, const T* W, int ldw, int ksteps,
-                                             const int (&m0)[TILES], const int (&xr)[TILES], float (&out)[TILES][4]) {
-  float acc[CHAINS][TILES][4];
-  WarpMmaRowsNChains<T, TILES, CHAINS, 0, CHAINS>(X, x_rows, ldx, W, ldw, ksteps, m0, xr, acc);
-  SumChains<TILES, CHAINS>(acc, out);
+  RunChains<TILES, CHAINS>(ksteps, group, acc, out);
 }
 
 // Four T at p (8-byte aligned, written by an earlier kernel) through the read-only path.

@@ -33,7 +33,7 @@ namespace {
 using namespace fast;  // NOLINT: the device building blocks of both designs
 
 constexpr int kStage1Threads = 384;
-constexpr int kStage2Threads = 32 * kHcFastStage2Warps;
+constexpr int kStage2Threads = 320;
 static_assert(kParts % 8 == 0, "whole sum-of-squares parts per rank of a 4- or 8-CTA cluster");
 
 // The kernels' arguments and shared-memory layouts: the plan's (hc_fast_plan.h, filled on the host).
@@ -447,52 +447,18 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     // up to 8 rows and the weights read from shared memory once: measured on the H200 (bench/README.md,
     // twenty-first session) the up phase 1.42 -> 1.01 us at 1 row, the block -0.27 us in bf16.
     const int mtiles = d.n2 / 16;
-    // g of one accumulator value (rounding points: up, g)
-    auto store_g = [&](int item, int e, float up) {
-      const int i = (item / mtiles) * 8 + 2 * (lane & 3) + (e & 1), col = (item % mtiles) * 16 + (lane >> 2) + (e >> 1) * 8;
-      if (i < nr) g_s[i * d.n2 + col] = RoundToT<T>(cuda::Sigmoid(RoundToT<T>(up)));
-    };
-    if (HcFastSplitsUpChains(d.rt, d.n2)) {  // then nr <= rt <= 8: one row group, up_items == mtiles
-      // Few tiles: each tile's four chains on two warps (chains 0-1 and 2-3), the second pair handed over
-      // through shared memory and added after the first in chain order, so the sum is WarpMmaRowsN's.
-      float* xch = reinterpret_cast<float*>(smem + layout.xch);
-      const int item = warp % up_items, half = warp / up_items;
-      const int m0[1] = {(item % mtiles) * 16}, xr[1] = {0};
-      float acc[2][1][4] = {};
-      if constexpr (!kAblateMma) {
-        if (half == 0) {
-          WarpMmaRowsNChains<T, 1, 4, 0, 2>(a_tile, nr, d.lda2, tile, d.ldu, d.rp / 16, m0, xr, acc);
-        } else if (half == 1) {
-          WarpMmaRowsNChains<T, 1, 4, 2, 2>(a_tile, nr, d.lda2, tile, d.ldu, d.rp / 16, m0, xr, acc);
-        }
+    for (int item = warp; item < up_items; item += num_warps) {
+      const int m0[1] = {(item % mtiles) * 16}, xr[1] = {(item / mtiles) * 8};
+      float acc[1][4];
+      if constexpr (kAblateMma) {
+        acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
+      } else {
+        WarpMmaRowsN<T, 1, 4>(a_tile, nr, d.lda2, tile, d.ldu, d.rp / 16, m0, xr, acc);
       }
-      float* mine = xch + (item * 32 + lane) * 8;
-      if (half == 1) {
-        *reinterpret_cast<float4*>(mine) = make_float4(acc[0][0][0], acc[0][0][1], acc[0][0][2], acc[0][0][3]);
-        *reinterpret_cast<float4*>(mine + 4) = make_float4(acc[1][0][0], acc[1][0][1], acc[1][0][2], acc[1][0][3]);
-      }
-      __syncthreads();
-      if (half == 0) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float up = acc[0][0][e];
-          up += acc[1][0][e];
-          up += mine[e];
-          up += mine[4 + e];
-          store_g(item, e, up);
-        }
-      }
-    } else {
-      for (int item = warp; item < up_items; item += num_warps) {
-        const int m0[1] = {(item % mtiles) * 16}, xr[1] = {(item / mtiles) * 8};
-        float acc[1][4];
-        if constexpr (kAblateMma) {
-          acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.0f;
-        } else {
-          WarpMmaRowsN<T, 1, 4>(a_tile, nr, d.lda2, tile, d.ldu, d.rp / 16, m0, xr, acc);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) store_g(item, e, acc[0][e]);
+      for (int e = 0; e < 4; ++e) {
+        const int i = xr[0] + 2 * (lane & 3) + (e & 1), col = m0[0] + (lane >> 2) + (e >> 1) * 8;
+        if (i < nr) g_s[i * d.n2 + col] = RoundToT<T>(cuda::Sigmoid(RoundToT<T>(acc[0][e])));
       }
     }
     __syncthreads();

@@ -170,15 +170,8 @@ struct HcFastStage1Layout {
   }
 };
 
-// Stage 2 of the cluster design: its warps, and whether a pass of `rows` rows runs each 16-column up tile's
-// four chains on two warps (one row group, two warps a tile).
-inline constexpr int kHcFastStage2Warps = 10;
-HCFUSE_HOST_DEVICE constexpr bool HcFastSplitsUpChains(int rows, int n2) {
-  return rows <= 8 && 2 * (n2 / 16) <= kHcFastStage2Warps;
-}
-
 struct HcFastStage2Layout {
-  size_t tile, a, hn, g, bar, xch, total;
+  size_t tile, a, hn, g, bar, total;
   template <typename D>
   HCFUSE_HOST_DEVICE explicit HcFastStage2Layout(const D& d) {
     tile = 0;                                         // T [rp][ldu]
@@ -186,10 +179,7 @@ struct HcFastStage2Layout {
     hn = a + size_t{2} * (d.rt + 1) * d.lda2;         // T [rt][n2]
     g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]
     bar = (g + size_t{4} * d.rt * d.n2 + 7) / 8 * 8;   // u64: the hidden exchange's mbarrier
-    // f32 [n2 / 16][32][8] where stage 2 splits its up tiles' chains over two warps (HcFastSplitsUpChains):
-    // the second half of each tile's chains, lane by lane
-    xch = (bar + 8 + 15) / 16 * 16;
-    total = HcFastSplitsUpChains(d.rt, d.n2) ? xch + size_t{4} * (d.n2 / 16) * 32 * 8 : bar + 8;
+    total = bar + 8;
   }
 };
 
