@@ -19,7 +19,7 @@ wait $pid || { tail -30 "$out/build_base.log"; exit 1; }
 stamp built
 bench_args=${*:---rows 1 2 4 8 16 --dtypes bf16 fp16 --variants fast --reps 3}
 for which in base cand; do
-  timeout 90 /tmp/ab_$which/hc_fast_timeline --rows 1 4 --reps 5 > "$out/timeline_$which.log" 2>&1
+  timeout 120 /tmp/ab_$which/hc_fast_timeline --rows ${TIMELINE_ROWS:-1 4} --reps 5 ${TIMELINE_ARGS:-} > "$out/timeline_$which.log" 2>&1
   stamp "timeline $which"; grep -E "^\|" "$out/timeline_$which.log" | head -30
   HCFUSE_LIBRARY=/tmp/ab_$which/libhcfuse_ops.so timeout 200 python3 bench/bench_decode.py --out "$out/bench_$which" \
     $bench_args > "$out/bench_$which.log" 2>&1

@@ -58,13 +58,13 @@ def align256(n: int) -> int:
 # pass: tile 52480 + A 2*(rt+1)*88 + scale 160 + S 4*rt*80 + part sums 4*8*rt + reduction 4*8*rt*48
 # (48 columns per rank: the 41 8-column tiles of 324 columns, 6 per rank) = 52816 + 2064 * rt.
 # Stage 2: 160 CTAs of 16 features (C*16 = 64 columns, stride 72; tile 320 x 72 x 2 = 46080): tile +
-# A 2*(rt+1)*328 + hn 2*rt*64 + g 4*rt*64 + the exchange's mbarrier 8 = 46744 + 1040 * rt.
+# A 2*rt*328 + hn 2*rt*64 + g 4*rt*64 + the exchange's mbarrier 8 = 46088 + 1040 * rt.
 def stage1_bytes(rt: int) -> int:
     return 52816 + 2064 * rt
 
 
 def stage2_bytes(rt: int) -> int:
-    return 46744 + 1040 * rt
+    return 46088 + 1040 * rt
 
 
 @pytest.mark.parametrize("prologue", [False, True])
@@ -87,8 +87,8 @@ def test_real_shape_decode_rows_take_the_cluster_design(plan, rows, prologue):
 
 # HcFastTuning::stage2_max_ctas (HCFUSE_FAST_STAGE2_CTAS): the largest valid stage 2 CTA count up to it.
 # 80 CTAs of 32 features: C*32 = 128 columns, stride 136; tile 320 x 136 x 2 = 87040 (over the default
-# 64 KiB, within the tuned 128 KiB): tile + A 2*(rt+1)*328 + hn 2*rt*128 + g 4*rt*128 + mbarrier 8
-# = 87704 + 1424 * rt. The real shape's constant-tiling kernels are for 160 CTAs: the generic ones run.
+# 64 KiB, within the tuned 128 KiB): tile + A 2*rt*328 + hn 2*rt*128 + g 4*rt*128 + mbarrier 8
+# = 87048 + 1424 * rt. The real shape's constant-tiling kernels are for 160 CTAs: the generic ones run.
 # A limit above 160 allows more CTAs too (1000: 320 CTAs of 8 features).
 @pytest.mark.parametrize("requested,ctas", [(80, 80), (100, 80), (159, 80), (160, 160), (1000, 320), (64, 64)])
 def test_stage2_cta_limit_picks_the_largest_tiling_up_to_it(plan, requested, ctas):
@@ -97,7 +97,7 @@ def test_stage2_cta_limit_picks_the_largest_tiling_up_to_it(plan, requested, cta
     assert p["stage2_ctas"] == ctas and p["dims"]["hs"] == 2560 // ctas and p["dims"]["piece"] == 8
     assert p["real_shape_kernels"] == (ctas == 160)
     if ctas == 80:
-        assert p["stage2_shared_bytes"] == 87704 + 1424 * 1
+        assert p["stage2_shared_bytes"] == 87048 + 1424 * 1
     # stage 1 is untouched
     assert p["stage1_ctas"] == 128 and p["stage1_shared_bytes"] == plan(rows=1)["stage1_shared_bytes"]
 

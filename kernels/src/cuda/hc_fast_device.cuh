@@ -24,13 +24,15 @@ using namespace ptx;
 
 // Ablations for bench/README.md's "where the time goes" (build with -DHCFUSE_FAST_ABLATE=<bits>;
 // results are then wrong): 1 skips the weight loads, 2 returns right after the grid-dependency wait,
-// 4 skips the tensor-core products.
+// 4 skips the tensor-core products, 8 skips the weight fragments' shared-memory loads (the products run on
+// constant weight fragments).
 #ifndef HCFUSE_FAST_ABLATE
 #define HCFUSE_FAST_ABLATE 0
 #endif
 constexpr bool kAblateWeights = (HCFUSE_FAST_ABLATE & 1) != 0;
 constexpr bool kAblateWork = (HCFUSE_FAST_ABLATE & 2) != 0;
 constexpr bool kAblateMma = (HCFUSE_FAST_ABLATE & 4) != 0;
+constexpr bool kAblateWeightFragments = (HCFUSE_FAST_ABLATE & 8) != 0;
 constexpr int kParts = static_cast<int>(kHcFastSsParts);
 
 // The k loop both warp products share: group(k, steps) issues steps k .. k + steps - 1 (at most CHAINS, step
@@ -85,7 +87,13 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
       if (c >= steps) continue;
       LoadAFragment(a[c], a_row + (k + c) * a_step);
 #pragma unroll
-      for (int t = 0; t < TILES; ++t) LoadBFragment(b[c][t], b_col[t] + (k + c) * b_step);
+      for (int t = 0; t < TILES; ++t) {
+        if constexpr (kAblateWeightFragments) {
+          b[c][t][0] = b[c][t][1] = 0x3f803f80u + k + c;
+        } else {
+          LoadBFragment(b[c][t], b_col[t] + (k + c) * b_step);
+        }
+      }
     }
 #pragma unroll
     for (int c = 0; c < CHAINS; ++c) {
@@ -129,7 +137,11 @@ __device__ __forceinline__ void WarpMmaRowsN(const T* X, int x_rows, int ldx, co
       if (c >= steps) continue;
 #pragma unroll
       for (int t = 0; t < TILES; ++t) {
-        LoadAFragmentTrans(a[c][t], w_row[t] + (k + c) * w_step);
+        if constexpr (kAblateWeightFragments) {
+          a[c][t][0] = a[c][t][1] = a[c][t][2] = a[c][t][3] = 0x3f803f80u + k + c;
+        } else {
+          LoadAFragmentTrans(a[c][t], w_row[t] + (k + c) * w_step);
+        }
         b[c][t][0] = x_real[t] ? x_row[t][(k + c) * 8] : 0u;
         b[c][t][1] = x_real[t] ? x_row[t][(k + c) * 8 + 4] : 0u;
       }

@@ -346,12 +346,12 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     }
   };
 
-  // Rows R..rp of the tile and columns R..rp of the A tile pad K to whole mma steps: zero. The A tile's
-  // last row is zeroed too, though since the up product loads only the real rows (WarpMmaRowsN) nothing
-  // reads it: the row and this zeroing can go with the next measured change to stage 2's layout.
+  // Rows R..rp of the tile and columns R..rp of the A tile pad K to whole mma steps: zero. (The up product
+  // loads only the real rows of the A tile, so it needs no zero row.)
   for (int idx = tid; idx < (d.rp - d.R) * d.ldu; idx += blockDim.x) tile[d.R * d.ldu + idx] = FromFloat<T>(0.0f);
-  for (int idx = tid; idx < (d.rt + 1) * d.lda2; idx += blockDim.x) {
-    if (idx >= d.rt * d.lda2 || idx % d.lda2 >= d.R) a_tile[idx] = FromFloat<T>(0.0f);
+  const int k_pad = max(d.rp - d.R, 1);  // the divisor below (no columns to zero where rp == R)
+  for (int idx = tid; idx < d.rt * (d.rp - d.R); idx += blockDim.x) {
+    a_tile[(idx / k_pad) * d.lda2 + d.R + idx % k_pad] = FromFloat<T>(0.0f);
   }
 
   auto load_weights = [&] {

@@ -175,8 +175,8 @@ struct HcFastStage2Layout {
   template <typename D>
   HCFUSE_HOST_DEVICE explicit HcFastStage2Layout(const D& d) {
     tile = 0;                                         // T [rp][ldu]
-    a = tile + size_t{2} * d.rp * d.ldu;              // T [rt + 1][lda2] (last row zero)
-    hn = a + size_t{2} * (d.rt + 1) * d.lda2;         // T [rt][n2]
+    a = tile + size_t{2} * d.rp * d.ldu;              // T [rt][lda2]
+    hn = a + size_t{2} * d.rt * d.lda2;               // T [rt][n2]
     g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]
     bar = (g + size_t{4} * d.rt * d.n2 + 7) / 8 * 8;   // u64: the hidden exchange's mbarrier
     total = bar + 8;
