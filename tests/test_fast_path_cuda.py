@@ -105,8 +105,11 @@ def test_real_shape_matches_reference(fast_session, rng, dtype, rows, prologue):
 
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_weights_from_the_graph(fast_session, rng, dtype, rows):
-    """Weights as graph inputs (not constant): the kernels read them only after the PDL wait."""
+@pytest.mark.parametrize("reg_weights", ["0", "1"], ids=["tile", "registers"])
+def test_weights_from_the_graph(fast_session, rng, monkeypatch, dtype, rows, reg_weights):
+    """Weights as graph inputs (not constant): the kernels read them only after the PDL wait, into a
+    shared-memory tile or (HCFUSE_FAST_REG_WEIGHTS=1) registers."""
+    monkeypatch.setenv("HCFUSE_FAST_REG_WEIGHTS", reg_weights)
     model, weights, feeds = _case(**QWEN, dtype=dtype, rows=rows, prologue=True, rng=rng, constant_weights=False)
     got = run_bound(fast_session(model), feeds, device="cuda")
     _check_against_reference(got, _reference(feeds, weights, QWEN["C"]), f"graph-input weights rows={rows}")
@@ -249,6 +252,17 @@ def test_batched_stage1_gives_the_same_bits(fast_session, rng, monkeypatch, dtyp
 
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @SAME_BITS_CASES
+@pytest.mark.parametrize("prologue", [True, False], ids=["prologue", "no-prologue"])
+def test_register_weights_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, prologue):
+    """HCFUSE_FAST_REG_WEIGHTS=1 (the real shape's stage 1 with its down weights in registers, DownWeightRegs)
+    sums every column over the same k steps in the same order as the shared-memory tile's WarpMma, so every
+    output equals the default's bit for bit, at one pass and several; the small shapes run the generic kernels
+    either way."""
+    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, "HCFUSE_FAST_REG_WEIGHTS", "0", "1")
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@SAME_BITS_CASES
 @pytest.mark.parametrize("batch", ["1", "0"], ids=["batched", "unbatched"])
 def test_real_shape_kernels_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, batch):
     """The real shape's kernels (its tiling as compile-time constants, RealShapeDims in hc_fast_path.cu)
@@ -281,6 +295,7 @@ def test_fewer_stage2_ctas_give_the_same_bits(fast_session, rng, monkeypatch, dt
     ("HCFUSE_FAST_AHEAD", "-1", "HCFUSE_FAST_AHEAD must be an integer >= 0"),
     ("HCFUSE_FAST_REAL_SHAPE", "2", "HCFUSE_FAST_REAL_SHAPE must be 0 or 1"),
     ("HCFUSE_FAST_BATCH", "yes", "HCFUSE_FAST_BATCH must be 0 or 1"),
+    ("HCFUSE_FAST_REG_WEIGHTS", "on", "HCFUSE_FAST_REG_WEIGHTS must be 0 or 1"),
     ("HCFUSE_FAST_DESIGN", "fastest", "HCFUSE_FAST_DESIGN must be 'auto', 'cluster' or 'plain'"),
 ])
 def test_bad_tuning_value_is_a_clear_error(fast_session, rng, monkeypatch, name, value, message):

@@ -105,6 +105,60 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
   RunChains<TILES, CHAINS>(ksteps, group, acc, out);
 }
 
+// Stage 1's down weights as mma B fragments in registers (the real shape's kernel, HCFUSE_FAST_REG_WEIGHTS):
+// no shared-memory tile, so the products read no weights from shared memory (measured on an H100, bench/README.md,
+// twenty-second session: those reads cost 0.25-0.7 us a block). Warp w holds columns 32 w .. 32 w + 31 of its
+// CTA's K slice, KSTEPS k steps of 16 rows: lane (g = lane / 4, t = lane % 4) the 8 bytes at columns 32 w + 4 g
+// .. + 3 of rows 2t, 2t + 1, 2t + 8 and 2t + 9 of each step. Tile j (0..3) of the warp takes column 32 w + 4 g
+// + j as mma's column g, so its B fragment is that column's k pairs, packed with byte permutes, and its
+// accumulators are the lane's columns 32 w + 8 t + j (acc[j][0], [2]) and 32 w + 8 t + 4 + j (acc[j][1], [3]):
+// eight adjacent columns a lane. Every output sums the same k steps in the same order as WarpMma<T, 4, 1>
+// (one chain), so the bits are WarpMma's.
+template <int KSTEPS>
+struct DownWeightRegs {
+  uint2 w[KSTEPS][4];
+
+  // slice: the K slice's first row of down_weight (ld elements a row; warps past ld / 32 load nothing)
+  template <typename T>
+  __device__ __forceinline__ void Load(const T* slice, int ld, int warp, int lane) {
+    if (32 * (warp + 1) > ld) return;
+    const T* base = slice + 32 * warp + 4 * (lane >> 2);
+    const int t = lane & 3;
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = 16 * s + 2 * t + (r & 1) + (r >> 1) * 8;
+        w[s][r] = __ldg(reinterpret_cast<const uint2*>(base + static_cast<size_t>(row) * ld));
+      }
+    }
+  }
+
+  // acc[j] = A[16 x 16 * KSTEPS] @ tile j, A in shared memory as WarpMma reads it (a_rows rows, then a zero row)
+  template <typename T>
+  __device__ __forceinline__ void Multiply(const T* A, int a_rows, int lda, int lane, float (&acc)[4][4]) const {
+    const unsigned a_row = SharedAddress(A + min(lane & 15, a_rows) * lda + (lane >> 4) * 8);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < KSTEPS; ++s) {
+      unsigned a[4];
+      LoadAFragment(a, a_row + s * 16 * 2);
+      unsigned b[4][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k rows 2t, 2t + 1 (b[.][0]), then 2t + 8, 2t + 9 (b[.][1])
+        const uint2 lo = w[s][2 * h], hi = w[s][2 * h + 1];
+        b[0][h] = __byte_perm(lo.x, hi.x, 0x5410);
+        b[1][h] = __byte_perm(lo.x, hi.x, 0x7632);
+        b[2][h] = __byte_perm(lo.y, hi.y, 0x5410);
+        b[3][h] = __byte_perm(lo.y, hi.y, 0x7632);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) Mma<T>(acc[j], a, b[j]);
+    }
+  }
+};
+
 // WarpMma with the rows on mma's N side (stage 2's up product): one mma covers 16 columns of 8 rows
 // instead of 8 columns of 16 rows, so up to 8 rows need half the products and the weights (mma's A
 // operand, through the transposing load) are read from shared memory once. Tile t: out[t] = X[xr[t] ..

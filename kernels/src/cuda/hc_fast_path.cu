@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/hc_common.cuh"
@@ -67,7 +68,18 @@ struct RealShapeDims : FastDims {
 // trip instead of one per 128 features: 3 at H = 2560), and streams_out / hn_out are stored after the
 // pass's last cluster barrier (its release is a GPU-scope MEMBAR in SASS that waits for every global
 // store still in flight).
-template <typename T, int CL, bool PRO, bool BATCH, typename D>
+template <typename D, bool REGW>
+struct RegWeightSteps {  // k steps of the down weights a lane holds (REGW: D's slice, a constant)
+  static constexpr int value = 1;
+};
+template <typename D>
+struct RegWeightSteps<D, true> {
+  static constexpr int value = D::ks / 16;
+};
+
+// REGW (the real shape's tiling only, HCFUSE_FAST_REG_WEIGHTS=1; same bits): the down weights go from global
+// memory straight into registers as mma fragments (DownWeightRegs), not through a shared-memory tile.
+template <typename T, int CL, bool PRO, bool BATCH, typename D, bool REGW = false>
 __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d, float* __restrict__ partials,
                                            T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -94,12 +106,17 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
   }
   for (int idx = tid; idx < d.lda1; idx += blockDim.x) a_tile[d.rt * d.lda1 + idx] = FromFloat<T>(0.0f);
 
+  DownWeightRegs<RegWeightSteps<D, REGW>::value> wregs;
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
-    const int chunks = d.R / 8;  // 16-byte pieces of a down_weight row
-    for (int idx = tid; idx < d.ks * chunks; idx += blockDim.x) {
-      const int k = idx / chunks, j = (idx % chunks) * 8;
-      CpAsync<16>(tile + k * d.ldb1 + j, args.down_weight + static_cast<size_t>(k0 + k) * d.R + j);
+    if constexpr (REGW) {
+      wregs.Load(args.down_weight + static_cast<size_t>(k0) * d.R, d.R, warp, lane);
+    } else {
+      const int chunks = d.R / 8;  // 16-byte pieces of a down_weight row
+      for (int idx = tid; idx < d.ks * chunks; idx += blockDim.x) {
+        const int k = idx / chunks, j = (idx % chunks) * 8;
+        CpAsync<16>(tile + k * d.ldb1 + j, args.down_weight + static_cast<size_t>(k0 + k) * d.R + j);
+      }
     }
     const int pieces = d.C / 4;  // 8-byte pieces of an inject_weight row
     for (int idx = tid; idx < d.ks * pieces; idx += blockDim.x) {
@@ -240,30 +257,59 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
     if (r0 == 0) TimelineMark(d.timeline, d.slot, kPhase3);  // hn formed
     // C: [down | inject] of the slice on tensor cores, four column tiles per warp; each value goes
     // to the rank that reduces its column, into that rank's red[this rank][row][column].
-    for (int t0 = warp; t0 < ntiles; t0 += 4 * num_warps) {
-      int n0[4];
+    // per1 is a whole number of tiles, so a tile has one owner: one address per tile and one 8-byte
+    // store per row (a lane's two adjacent columns). The padding columns past np go along (zeros,
+    // inside the owner's per1 columns, never read).
+    auto scatter_tile = [&](int n0, const float (&acc)[4]) {
+      const int owner = n0 / d.per1;
+      float* dst = red + rank * d.rt * d.per1 + n0 - owner * d.per1 + (lane & 3) * 2;
+      if constexpr (CL > 1) dst = PeerShared(dst, owner);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) n0[u] = t0 + u * num_warps < ntiles ? (t0 + u * num_warps) * 8 : -1;
-      float acc[4][4];
-      if constexpr (kAblateMma) {
-        for (auto& tile_acc : acc) tile_acc[0] = tile_acc[1] = tile_acc[2] = tile_acc[3] = 0.0f;
-      } else {
-        WarpMma<T, 4, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
+      for (int half = 0; half < 2; ++half) {
+        const int i = (lane >> 2) + half * 8;
+        if (i < nr) *reinterpret_cast<float2*>(dst + i * d.per1) = make_float2(acc[2 * half], acc[2 * half + 1]);
       }
-      if (r0 == 0 && t0 == warp) TimelineMark(d.timeline, d.slot, kPhase5);  // warp 0's first tiles multiplied
-      // per1 is a whole number of tiles, so a tile has one owner: one address per tile and one 8-byte
-      // store per row (a lane's two adjacent columns). The padding columns past np go along (zeros,
-      // inside the owner's per1 columns, never read).
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if (n0[u] < 0) continue;
-        const int owner = n0[u] / d.per1;
-        float* dst = red + rank * d.rt * d.per1 + n0[u] - owner * d.per1 + (lane & 3) * 2;
+    };
+    if constexpr (REGW) {
+      // warps 0 .. R/32 - 1: 32 down columns each from their registers; the next warp: inject's padded tile
+      if (warp < d.R / 32) {
+        float acc[4][4];
+        wregs.template Multiply<T>(a_tile, d.rt, d.lda1, lane, acc);
+        if (r0 == 0 && warp == 0) TimelineMark(d.timeline, d.slot, kPhase5);  // warp 0's tiles multiplied
+        // lane (g, t) holds rows g and g + 8 of the 8 adjacent columns 32 w + 8 t .. + 7 (DownWeightRegs)
+        const int col = 32 * warp + 8 * (lane & 3), owner = col / d.per1;
+        float* dst = red + rank * d.rt * d.per1 + col - owner * d.per1;
         if constexpr (CL > 1) dst = PeerShared(dst, owner);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = (lane >> 2) + half * 8;
-          if (i < nr) *reinterpret_cast<float2*>(dst + i * d.per1) = make_float2(acc[u][2 * half], acc[u][2 * half + 1]);
+          if (i < nr) {
+            float4* row = reinterpret_cast<float4*>(dst + i * d.per1);
+            row[0] = make_float4(acc[0][2 * half], acc[1][2 * half], acc[2][2 * half], acc[3][2 * half]);
+            row[1] = make_float4(acc[0][2 * half + 1], acc[1][2 * half + 1], acc[2][2 * half + 1], acc[3][2 * half + 1]);
+          }
+        }
+      } else if (warp == d.R / 32) {
+        const int n0[1] = {d.R};
+        float acc[1][4];
+        WarpMma<T, 1, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
+        scatter_tile(d.R, acc[0]);
+      }
+    } else {
+      for (int t0 = warp; t0 < ntiles; t0 += 4 * num_warps) {
+        int n0[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) n0[u] = t0 + u * num_warps < ntiles ? (t0 + u * num_warps) * 8 : -1;
+        float acc[4][4];
+        if constexpr (kAblateMma) {
+          for (auto& tile_acc : acc) tile_acc[0] = tile_acc[1] = tile_acc[2] = tile_acc[3] = 0.0f;
+        } else {
+          WarpMma<T, 4, 1>(a_tile, d.rt, d.lda1, tile, d.ldb1, ksteps, n0, acc);
+        }
+        if (r0 == 0 && t0 == warp) TimelineMark(d.timeline, d.slot, kPhase5);  // warp 0's first tiles multiplied
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (n0[u] >= 0) scatter_tile(n0[u], acc[u]);
         }
       }
     }
@@ -316,6 +362,14 @@ template <typename T, int CL, bool PRO, typename D = FastDims>
 __global__ void __launch_bounds__(kStage1Threads) HcFastStage1BatchedKernel(
     HcFastArgs<T> args, D d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
   Stage1Body<T, CL, PRO, true>(args, d, partials, hn_out, weights_are_constant);
+}
+
+// Stage 1 with the down weights in registers (REGW), the real shape's tiling only. Two CTAs an SM, as the
+// shared-memory kernels run: at most 80 registers a thread.
+template <typename T, int CL, bool PRO>
+__global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1RegWeightsKernel(
+    HcFastArgs<T> args, RealShapeDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
+  Stage1Body<T, CL, PRO, true, RealShapeDims, true>(args, d, partials, hn_out, weights_are_constant);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -479,8 +533,11 @@ cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPla
                                       cudaStream_t stream, bool weights_are_constant) {
   float* partials = static_cast<float*>(scratch);
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
-  const auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
-                              : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
+  auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
+                        : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
+  if constexpr (std::is_same_v<D, RealShapeDims>) {
+    if (d.reg_weights && d.batch) stage1 = d.has_prologue ? HcFastStage1RegWeightsKernel<T, CL, true> : HcFastStage1RegWeightsKernel<T, CL, false>;
+  }
   cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
                            stream, args, d, partials, hn, weights_are_constant);
   if (err != cudaSuccess) return {"stage 1 kernel", err};

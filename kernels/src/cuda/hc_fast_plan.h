@@ -74,6 +74,10 @@ struct HcFastTuning {
   // the pass's last cluster barrier (hc_fast_path.cu, HcFastStage1Kernel's BATCH; same bits)
   // (the default for both types, measured faster; HCFUSE_FAST_BATCH=0 turns it off)
   bool batched_stage1 = true;
+  // cluster design, the real shape's kernels with stage 1 batched: stage 1's down weights loaded straight into
+  // registers as mma fragments instead of a shared-memory tile (HCFUSE_FAST_REG_WEIGHTS; same bits; a
+  // measurement knob, off by default until measured)
+  bool reg_weights = false;
   // cluster design: the real shape's kernels compiled with its tiling as constants where the call's
   // tiling is theirs (HcFastRealShape; same bits; HCFUSE_FAST_REAL_SHAPE=0 turns it off)
   bool real_shape_kernels = true;
@@ -131,7 +135,7 @@ struct HcFastClusterDims {
   int piece;          // stage 2: elements per copy (8: 16-byte copies, 4: 8-byte copies)
   int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
   int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster in cluster mode
-  bool ss_local, hidden_local, has_prologue, batch;
+  bool ss_local, hidden_local, has_prologue, batch, reg_weights;
   float epsilon, reduction_scale, silu_alpha, gate_div, gate_mul;
   unsigned long long* timeline;  // the timeline probe's records (HCFUSE_FAST_TIMELINE builds)
   int slot;
