@@ -134,8 +134,8 @@ class ChainRunner:
             env["HCFUSE_FORCE_PATH"] = "" if path == "auto" else path  # empty: the op picks
             if design in ("batched", "unbatched"):  # the cluster design with or without stage 1's batched loads
                 env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1" if design == "batched" else "0")
-            elif design == "regw":  # stage 1's down weights in registers (the real shape)
-                env["HCFUSE_FAST_REG_WEIGHTS"] = "1"
+            elif design in ("regw", "tile"):  # stage 1's down weights in registers / a shared-memory tile
+                env["HCFUSE_FAST_REG_WEIGHTS"] = "1" if design == "regw" else "0"
             elif design == "generic":  # the generic kernels where the real shape's would run
                 env["HCFUSE_FAST_REAL_SHAPE"] = "0"
             elif design.startswith("ahead"):  # aheadN: at most N kernels wait next to a running one (0: any)

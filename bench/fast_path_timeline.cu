@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -157,7 +158,9 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     // HCFUSE_FAST_AHEAD and HCFUSE_FAST_STAGE2_CTAS as in the library
     tuning.batched_stage1 = EnvFlag("HCFUSE_FAST_BATCH");
     tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
-    tuning.reg_weights = std::getenv("HCFUSE_FAST_REG_WEIGHTS") != nullptr && std::strcmp(std::getenv("HCFUSE_FAST_REG_WEIGHTS"), "1") == 0;
+    if (const char* regw = std::getenv("HCFUSE_FAST_REG_WEIGHTS"); regw != nullptr && *regw != '\0') {  // as in the library
+      tuning.reg_weights_min_rows = std::strcmp(regw, "1") == 0 ? 0 : INT64_MAX;
+    }
     if (const char* ahead = std::getenv("HCFUSE_FAST_AHEAD")) tuning.kernels_ahead = std::atoi(ahead);
     if (cfg.ahead >= 0) tuning.kernels_ahead = cfg.ahead;
     if (const char* ctas = std::getenv("HCFUSE_FAST_STAGE2_CTAS")) tuning.stage2_max_ctas = std::atoi(ctas);

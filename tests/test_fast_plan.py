@@ -80,6 +80,8 @@ def test_real_shape_decode_rows_take_the_cluster_design(plan, rows, prologue):
     d = p["dims"]
     assert (d["rows"], d["rt"], d["cpb"], d["ks"], d["hs"], d["piece"]) == (rows, rows, 32, 80, 16, 8)
     assert (d["groups"], d["g4"], d["per1"], d["per2"], d["has_prologue"]) == (16, 16, 48, 40, prologue)
+    # stage 1's down weights in registers from 8 rows (HcFastTuning::reg_weights_min_rows), a tile below
+    assert d["reg_weights"] == (rows >= 8)
     # scratch: fp32 partials [rows][R + C][16 groups], then hn [rows][C * H] in 2-byte elements
     partials = align256(rows * 324 * 16 * 4)
     assert p["scratch"] == {"partials": 0, "inject": 0, "hn": partials, "total": partials + rows * 10240 * 2}
@@ -278,3 +280,11 @@ def test_unknown_shared_memory_figures_pad_nothing(plan):
     p = plan(rows=1)  # the probe's default device leaves them 0, as a device that does not report them
     assert p["real_shape_kernels"] is True
     assert (p["stage1_shared_bytes"], p["stage2_shared_bytes"]) == (stage1_bytes(1), stage2_bytes(1))
+
+
+@pytest.mark.parametrize("regw_rows,rows,expected", [(0, 1, True), (4, 3, False), (4, 4, True), (8, 16, True)])
+def test_register_weights_row_threshold(plan, regw_rows, rows, expected):
+    """HcFastTuning::reg_weights_min_rows picks stage 1's weight source by row count (0: always)."""
+    p = plan(rows=rows, regw_rows=regw_rows)
+    assert p["ok"], p
+    assert p["dims"]["reg_weights"] is expected

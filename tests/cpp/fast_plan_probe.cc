@@ -3,7 +3,7 @@
 // the tiling are checked on any machine.
 //   fast_plan_probe KEY=VALUE...   shape: rows C H R prologue; device: sm (e.g. 90) smem (opt-in bytes
 //   per block); call: elem (bytes) aligned forced; tuning: cluster design (auto|cluster|plain)
-//   ss_local hidden_local batch bulk ahead real_shape stage2.
+//   ss_local hidden_local batch bulk ahead real_shape stage2 regw_rows.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
     else if (key == "ss_local") tuning.ss_local_max_rows = v;
     else if (key == "hidden_local") tuning.hidden_local_max_rows = v;
     else if (key == "batch") tuning.batched_stage1 = v != 0;
+    else if (key == "regw_rows") tuning.reg_weights_min_rows = v;
     else if (key == "bulk") tuning.bulk_copies = v != 0;
     else {
       std::fprintf(stderr, "fast_plan_probe: unknown key %s\n", key.c_str());
@@ -114,10 +115,10 @@ int main(int argc, char** argv) {
       const hcfuse::HcFastClusterDims& d = plan.cluster_dims;
       std::printf(", \"dims\": {\"rows\": %d, \"rt\": %d, \"cpb\": %d, \"ks\": %d, \"groups\": %d, \"g4\": %d"
                   ", \"hs\": %d, \"piece\": %d, \"per1\": %d, \"per2\": %d, \"ss_parts\": %d, \"ss_local\": %s"
-                  ", \"hidden_local\": %s, \"batch\": %s, \"has_prologue\": %s}",
+                  ", \"hidden_local\": %s, \"batch\": %s, \"reg_weights\": %s, \"has_prologue\": %s}",
                   d.rows, d.rt, d.cpb, d.ks, d.groups, d.g4, d.hs, d.piece, d.per1, d.per2, d.ss_parts,
                   d.ss_local ? "true" : "false", d.hidden_local ? "true" : "false", d.batch ? "true" : "false",
-                  d.has_prologue ? "true" : "false");
+                  d.reg_weights ? "true" : "false", d.has_prologue ? "true" : "false");
     }
   }
   std::printf("}\n");

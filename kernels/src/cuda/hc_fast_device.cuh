@@ -105,7 +105,7 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
   RunChains<TILES, CHAINS>(ksteps, group, acc, out);
 }
 
-// Stage 1's down weights as mma B fragments in registers (the real shape's kernel, HCFUSE_FAST_REG_WEIGHTS):
+// Stage 1's down weights as mma B fragments in registers (the real shape's kernel from 8 rows, HcFastTuning):
 // no shared-memory tile, so the products read no weights from shared memory (measured on an H100, bench/README.md,
 // twenty-second session: those reads cost 0.25-0.7 us a block). Warp w holds columns 32 w .. 32 w + 31 of its
 // CTA's K slice, KSTEPS k steps of 16 rows: lane (g = lane / 4, t = lane % 4) the 8 bytes at columns 32 w + 4 g

@@ -77,8 +77,9 @@ struct RegWeightSteps<D, true> {
   static constexpr int value = D::ks / 16;
 };
 
-// REGW (the real shape's tiling only, HCFUSE_FAST_REG_WEIGHTS=1; same bits): the down weights go from global
-// memory straight into registers as mma fragments (DownWeightRegs), not through a shared-memory tile.
+// REGW (the real shape's tiling only, from HcFastTuning::reg_weights_min_rows rows; same bits): the down
+// weights go from global memory straight into registers as mma fragments (DownWeightRegs), not through a
+// shared-memory tile.
 template <typename T, int CL, bool PRO, bool BATCH, typename D, bool REGW = false>
 __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d, float* __restrict__ partials,
                                            T* __restrict__ hn_out, bool weights_are_constant) {
@@ -286,7 +287,8 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
           if (i < nr) {
             float4* row = reinterpret_cast<float4*>(dst + i * d.per1);
             row[0] = make_float4(acc[0][2 * half], acc[1][2 * half], acc[2][2 * half], acc[3][2 * half]);
-            row[1] = make_float4(acc[0][2 * half + 1], acc[1][2 * half + 1], acc[2][2 * half + 1], acc[3][2 * half + 1]);
+            row[1] = make_float4(acc[0][2 * half + 1], acc[1][2 * half + 1], acc[2][2 * half + 1],
+                                 acc[3][2 * half + 1]);
           }
         }
       } else if (warp == d.R / 32) {
@@ -368,7 +370,8 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1BatchedKernel(
 // shared-memory kernels run: at most 80 registers a thread.
 template <typename T, int CL, bool PRO>
 __global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1RegWeightsKernel(
-    HcFastArgs<T> args, RealShapeDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
+    HcFastArgs<T> args, RealShapeDims d, float* __restrict__ partials, T* __restrict__ hn_out,
+    bool weights_are_constant) {
   Stage1Body<T, CL, PRO, true, RealShapeDims, true>(args, d, partials, hn_out, weights_are_constant);
 }
 
@@ -528,6 +531,13 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
 // Host side.
 // Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
+// Whether the launch runs HcFastStage1RegWeightsKernel: the real shape's batched kernels, from the plan's rows.
+template <int CL>
+bool UsesRegWeights(const HcFastPlan& plan) {
+  const FastDims& d = plan.cluster_dims;
+  return CL == 8 && plan.real_shape_kernels && HcFastRealShape::Matches(d, CL) && d.batch && d.reg_weights;
+}
+
 template <typename T, int CL, typename D>
 cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPlan& plan, const D& d, void* scratch,
                                       cudaStream_t stream, bool weights_are_constant) {
@@ -536,7 +546,9 @@ cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPla
   auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
                         : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
   if constexpr (std::is_same_v<D, RealShapeDims>) {
-    if (d.reg_weights && d.batch) stage1 = d.has_prologue ? HcFastStage1RegWeightsKernel<T, CL, true> : HcFastStage1RegWeightsKernel<T, CL, false>;
+    if (d.reg_weights && d.batch) {
+      stage1 = d.has_prologue ? HcFastStage1RegWeightsKernel<T, CL, true> : HcFastStage1RegWeightsKernel<T, CL, false>;
+    }
   }
   cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
                            stream, args, d, partials, hn, weights_are_constant);
@@ -595,7 +607,8 @@ std::string Summary(const HcFastPlan& plan) {
          " threads, " + std::to_string(smem2) + " B shared (" +
          std::to_string(MaxActive(HcFastStage2Kernel<T, CL>, kStage2Threads, smem2, CL)) + " " + fit +
          "); rows per pass " + std::to_string(d.rt) + ", sums of squares " + (d.ss_local ? "local" : "shared") +
-         ", hidden " + (d.hidden_local ? "local" : "shared") + (d.batch ? ", stage 1 batched" : "");
+         ", hidden " + (d.hidden_local ? "local" : "shared") + (d.batch ? ", stage 1 batched" : "") +
+         (UsesRegWeights<CL>(plan) ? ", stage 1's down weights in registers" : "");
 }
 
 // The plan was made for these params (the kernels read the shapes from the plan, the tensors' sizes

@@ -130,7 +130,7 @@ HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const Hc
   d.ss_parts = d.ss_local ? parts : parts / cluster;
   d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
   d.batch = tuning.batched_stage1;
-  d.reg_weights = tuning.reg_weights;
+  d.reg_weights = p.rows >= tuning.reg_weights_min_rows;
   return d;
 }
 

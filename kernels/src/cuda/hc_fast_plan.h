@@ -74,10 +74,12 @@ struct HcFastTuning {
   // the pass's last cluster barrier (hc_fast_path.cu, HcFastStage1Kernel's BATCH; same bits)
   // (the default for both types, measured faster; HCFUSE_FAST_BATCH=0 turns it off)
   bool batched_stage1 = true;
-  // cluster design, the real shape's kernels with stage 1 batched: stage 1's down weights loaded straight into
-  // registers as mma fragments instead of a shared-memory tile (HCFUSE_FAST_REG_WEIGHTS; same bits; a
-  // measurement knob, off by default until measured)
-  bool reg_weights = false;
+  // cluster design, the real shape's kernels with stage 1 batched: from this many rows stage 1 loads its down
+  // weights straight into registers as mma fragments instead of a shared-memory tile (DownWeightRegs; same
+  // bits). Measured on an H100 (bench/README.md, twenty-second session), us a block, tile -> registers: bf16
+  // 13.30 -> 12.97 at 8 rows and 19.13 -> 17.59 at 16, fp16 13.29 -> 12.74 and 18.95 -> 17.49; at 1-4 rows
+  // within +-0.25 either way, so the tile stays there. HCFUSE_FAST_REG_WEIGHTS=1 / 0: always / never.
+  int64_t reg_weights_min_rows = 8;
   // cluster design: the real shape's kernels compiled with its tiling as constants where the call's
   // tiling is theirs (HcFastRealShape; same bits; HCFUSE_FAST_REAL_SHAPE=0 turns it off)
   bool real_shape_kernels = true;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,7 +73,8 @@ std::optional<bool> ReadZeroOrOne(const char* name) {
 // HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split and
 // HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels, HCFUSE_FAST_BULK (0|1) how weight tiles are
 // copied, HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores,
-// HCFUSE_FAST_REG_WEIGHTS (0|1) whether its real-shape stage 1 holds the down weights in registers and
+// HCFUSE_FAST_REG_WEIGHTS (0|1) whether its real-shape stage 1 holds the down weights in registers at every
+// row count or at none (unset: from HcFastTuning::reg_weights_min_rows) and
 // HCFUSE_FAST_REAL_SHAPE (0|1) whether the real shape runs its constant-tiling kernels and
 // HCFUSE_FAST_AHEAD how many later kernels may wait next to them, HCFUSE_FAST_STAGE2_CTAS the most
 // stage 2 CTAs (results never change),
@@ -111,9 +113,11 @@ HcFastTuning ReadFastTuning() {
   }
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_BULK", &tuning.bulk_copies},
                              std::pair{"HCFUSE_FAST_BATCH", &tuning.batched_stage1},
-                             std::pair{"HCFUSE_FAST_REG_WEIGHTS", &tuning.reg_weights},
                              std::pair{"HCFUSE_FAST_REAL_SHAPE", &tuning.real_shape_kernels}}) {
     if (const std::optional<bool> value = ReadZeroOrOne(name)) *field = *value;
+  }
+  if (const std::optional<bool> always = ReadZeroOrOne("HCFUSE_FAST_REG_WEIGHTS")) {
+    tuning.reg_weights_min_rows = *always ? 0 : std::numeric_limits<int64_t>::max();
   }
   if (tuning.cluster != 0 && tuning.cluster != 4 && tuning.cluster != 8) {
     throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_CLUSTER must be 4 or 8; got " +
