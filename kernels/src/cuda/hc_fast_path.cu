@@ -546,8 +546,8 @@ cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPla
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
   auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
                         : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
-  if constexpr (std::is_same_v<D, RealShapeDims>) {
-    if (d.reg_weights && d.batch) {
+  if constexpr (std::is_same_v<D, RealShapeDims>) {  // the kernel takes the real shape's dims
+    if (UsesRegWeights<CL>(plan)) {
       stage1 = d.has_prologue ? HcFastStage1RegWeightsKernel<T, CL, true> : HcFastStage1RegWeightsKernel<T, CL, false>;
     }
   }
