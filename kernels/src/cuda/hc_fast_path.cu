@@ -171,9 +171,12 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
     // A: one warp per (part, row) pair sums that part's squares (lane-strided, then a butterfly) and
     // forms S of the slice where the part covers it (kept in shared memory, copied to streams_out);
     // with cluster part sums the slice lies elsewhere and one more warp per row forms it.
+    // With REGW the pairs go to the last warps first: warps R / 32 .. hold no down weights. ptxas gives a
+    // stream load the scoreboard of the weight loads (sm_90a SASS), so in a warp that holds weights the
+    // part sum waits for all of them; at 1 row the two pairs run on weight-free warps.
     const int part_pairs = d.ss_parts * nr;
     const int slice_pairs = d.ss_local ? 0 : nr;
-    for (int pair = warp; pair < part_pairs + slice_pairs; pair += num_warps) {
+    for (int pair = REGW ? num_warps - 1 - warp : warp; pair < part_pairs + slice_pairs; pair += num_warps) {
       const int i = pair < part_pairs ? pair / d.ss_parts : pair - part_pairs;
       const size_t row = r0 + i;
       const T* srow = args.streams + row * d.K + branch * d.H;
