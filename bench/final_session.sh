@@ -29,8 +29,9 @@ stamp "tests: $(tail -1 "$out/tests.log")"
 grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
 
 # 2. the decode benchmark
-timeout "$(cap 85)" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2 4 8 16 32 64 --dtypes bf16 fp16 \
-  --variants fast general stock --reps 3 > "$out/decode.log" 2>&1
+# (DECODE_VARIANTS, e.g. "fast/tile fast/regw general stock": both stage 1 weight sources side by side)
+timeout "$(cap "${DECODE_S:-85}")" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2 4 8 16 32 64 --dtypes bf16 fp16 \
+  --variants ${DECODE_VARIANTS:-fast general stock} --reps 3 > "$out/decode.log" 2>&1
 stamp decode
 grep -E "^\| (bf16|fp16)" "$out/decode.log" | sort -u -t'|' -k2,2 -k3,3n
 
