@@ -80,8 +80,8 @@ def test_real_shape_decode_rows_take_the_cluster_design(plan, rows, prologue):
     d = p["dims"]
     assert (d["rows"], d["rt"], d["cpb"], d["ks"], d["hs"], d["piece"]) == (rows, rows, 32, 80, 16, 8)
     assert (d["groups"], d["g4"], d["per1"], d["per2"], d["has_prologue"]) == (16, 16, 48, 40, prologue)
-    # stage 1's down weights in registers from 8 rows (HcFastTuning::reg_weights_min_rows), a tile below
-    assert d["reg_weights"] == (rows >= 8)
+    # stage 1's down weights in registers at every row count (HcFastTuning::reg_weights_min_rows is 1)
+    assert d["reg_weights"] is True
     # scratch: fp32 partials [rows][R + C][16 groups], then hn [rows][C * H] in 2-byte elements
     partials = align256(rows * 324 * 16 * 4)
     assert p["scratch"] == {"partials": 0, "inject": 0, "hn": partials, "total": partials + rows * 10240 * 2}

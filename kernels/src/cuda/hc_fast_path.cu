@@ -1,6 +1,6 @@
 // Fused fast decode path of HyperConnectionLowRankMix: two kernels per node, weights streamed into
 // shared memory with cp.async (before the grid-dependency wait when they are constant initializers;
-// the real shape's stage 1 from 8 rows loads its down weights into registers instead, DownWeightRegs),
+// the real shape's stage 1 loads its down weights into registers instead, DownWeightRegs),
 // both products on tensor cores (mma.sync m16n8k16, fp32 accumulation, rows as the M = 16 side), fp32
 // partials of the down/inject product reduced inside a thread-block cluster through distributed
 // shared memory (sm_90), then in a fixed order across clusters by stage 2.

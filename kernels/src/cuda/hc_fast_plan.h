@@ -76,10 +76,11 @@ struct HcFastTuning {
   bool batched_stage1 = true;
   // cluster design, the real shape's kernels with stage 1 batched: from this many rows stage 1 loads its down
   // weights straight into registers as mma fragments instead of a shared-memory tile (DownWeightRegs; same
-  // bits). Measured on an H100 (bench/README.md, twenty-second session), us a block, tile -> registers: bf16
-  // 13.30 -> 12.97 at 8 rows and 19.13 -> 17.59 at 16, fp16 13.29 -> 12.74 and 18.95 -> 17.49; at 1-4 rows
-  // within +-0.25 either way, so the tile stays there. HCFUSE_FAST_REG_WEIGHTS=1 / 0: always / never.
-  int64_t reg_weights_min_rows = 8;
+  // bits). Measured side by side on an H200 with the weight-free warps taking the part sums first (bench/README.md,
+  // twenty-fifth session), us a block, tile -> registers, bf16: 9.59 -> 9.36 / 10.35 -> 9.79 / 10.83 -> 10.51 /
+  // 12.52 -> 12.17 / 18.00 -> 16.95 at 1 / 2 / 4 / 8 / 16 rows, fp16 0.26-1.09 less too: registers at every row
+  // count. HCFUSE_FAST_REG_WEIGHTS=1 / 0: always / never.
+  int64_t reg_weights_min_rows = 1;
   // cluster design: the real shape's kernels compiled with its tiling as constants where the call's
   // tiling is theirs (HcFastRealShape; same bits; HCFUSE_FAST_REAL_SHAPE=0 turns it off)
   bool real_shape_kernels = true;
