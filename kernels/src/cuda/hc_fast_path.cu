@@ -173,7 +173,9 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
     // with cluster part sums the slice lies elsewhere and one more warp per row forms it.
     // With REGW the pairs go to the last warps first: warps R / 32 .. hold no down weights. ptxas gives a
     // stream load the scoreboard of the weight loads (sm_90a SASS), so in a warp that holds weights the
-    // part sum waits for all of them; at 1 row the two pairs run on weight-free warps.
+    // part sum waits for all of them. At the real shape there are more pairs than weight-free warps at
+    // every row count (8 at 1 row, 2 * rows from 2), and the barrier below waits for the last, so this
+    // order alone does not take that wait off the critical path (bench/README.md, twenty-fifth session).
     const int part_pairs = d.ss_parts * nr;
     const int slice_pairs = d.ss_local ? 0 : nr;
     for (int pair = REGW ? num_warps - 1 - warp : warp; pair < part_pairs + slice_pairs; pair += num_warps) {
