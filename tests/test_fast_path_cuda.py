@@ -255,7 +255,7 @@ def test_batched_stage1_gives_the_same_bits(fast_session, rng, monkeypatch, dtyp
 @pytest.mark.parametrize("prologue", [True, False], ids=["prologue", "no-prologue"])
 def test_register_weights_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, prologue):
     """HCFUSE_FAST_REG_WEIGHTS=1 / 0 puts the real shape's stage 1 down weights in registers (DownWeightRegs) at
-    every row count / at none (by default at every row count). Both sum every column over the same k steps in the same
+    every row count / at none (the default: registers). Both sum every column over the same k steps in the same
     order as the shared-memory tile's WarpMma, so every output is bit for bit the same, at one pass and several;
     the small shapes run the generic kernels either way."""
     _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, "HCFUSE_FAST_REG_WEIGHTS", "0", "1")
