@@ -26,6 +26,6 @@ for which in base cand; do
   stamp "bench $which"; grep -E "^\|" "$out/bench_$which.log" | head -30
 done
 HCFUSE_LIBRARY=/tmp/ab_cand/libhcfuse_ops.so timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q -x \
-  tests/test_fast_path_cuda.py tests/test_kernels_cuda.py -k "fast" > "$out/tests_cand.log" 2>&1
+  tests/kernels/test_fast_path_cuda.py tests/kernels/test_kernels_cuda.py -k "fast" > "$out/tests_cand.log" 2>&1
 stamp "tests (candidate): $(tail -1 "$out/tests_cand.log")"
 grep -E "^FAILED|^ERROR|Error" "$out/tests_cand.log" | head -10

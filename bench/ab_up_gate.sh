@@ -20,7 +20,7 @@ build_kernels "$base/kernels" /tmp/ab_base "$out/build_base.log" & pid=$!
 build_kernels kernels /tmp/ab_cand "$out/build_cand.log" || { tail -30 "$out/build_cand.log"; exit 1; }
 wait $pid || { tail -30 "$out/build_base.log"; exit 1; }
 stamp built
-tests=${TESTS-tests/test_up_gate_cuda.py tests/test_prefill_cuda.py}  # empty: none
+tests=${TESTS-tests/kernels/test_up_gate_cuda.py tests/kernels/test_prefill_cuda.py}  # empty: none
 if [ -n "$tests" ]; then
   HCFUSE_LIBRARY=/tmp/ab_cand/libhcfuse_ops.so timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider \
     $tests > "$out/tests_cand.log" 2>&1

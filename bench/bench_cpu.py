@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hcfuse  # noqa: E402
 from hcfuse._op import DOMAIN, OP_TYPE, QWEN_ATTRIBUTES, QWEN_SHAPE  # noqa: E402
-from hcfuse._ort_io import from_ort_value, to_ort_value  # noqa: E402
-from hcfuse._session import inference_session  # noqa: E402
+from hcfuse.checking._ort_io import from_ort_value, to_ort_value  # noqa: E402
+from hcfuse.checking._session import inference_session  # noqa: E402
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
 from hcfuse.models.qwen_decode import make_decode_model  # noqa: E402
 

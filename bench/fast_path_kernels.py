@@ -17,8 +17,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hcfuse._op import QWEN_CONFIG  # noqa: E402
-from hcfuse._ort_io import run_bound  # noqa: E402
-from hcfuse._session import CUDA, inference_session  # noqa: E402
+from hcfuse.checking._ort_io import run_bound  # noqa: E402
+from hcfuse.checking._session import CUDA, inference_session  # noqa: E402
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
 
 C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]

@@ -23,8 +23,8 @@ export HCFUSE_LIBRARY=$build/libhcfuse_ops.so
 stamp built
 
 # 1. every CUDA test (on the H200 the first four files take about 200 s, then test_sigmoid_cuda.py builds its checker with nvcc)
-timeout "$(cap 250)" python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_cuda.py tests/test_fast_path_cuda.py \
-  tests/test_prefill_cuda.py tests/test_up_gate_cuda.py tests/test_sigmoid_cuda.py > "$out/tests.log" 2>&1
+timeout "$(cap 250)" python3 -m pytest -q -rs -p no:cacheprovider tests/kernels/test_kernels_cuda.py tests/kernels/test_fast_path_cuda.py \
+  tests/kernels/test_prefill_cuda.py tests/kernels/test_up_gate_cuda.py tests/kernels/test_sigmoid_cuda.py > "$out/tests.log" 2>&1
 stamp "tests: $(tail -1 "$out/tests.log")"
 grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
 
@@ -49,7 +49,7 @@ fast_tests=${SANITIZE_FAST:-(small_shapes and 7) or (real_shape_matches_referenc
 general_tests=${SANITIZE_GENERAL:-awkward and bf16 and (4-129-512 or 4-96-16 or 4-768-40) or variants and bf16}
 for tool in ${FAST_TOOLS-memcheck racecheck synccheck}; do
   timeout "$(cap 35)" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \
-    python3 -m pytest -q -x -p no:cacheprovider tests/test_fast_path_cuda.py -k "$fast_tests" > "$out/sanitize_fast_$tool.log" 2>&1
+    python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fast_path_cuda.py -k "$fast_tests" > "$out/sanitize_fast_$tool.log" 2>&1
   stamp "$tool fast path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_fast_$tool.log" | tail -1) $(tail -1 "$out/sanitize_fast_$tool.log")"
 done
 # racecheck without a kernel filter here: with one (even one no kernel matches) it fails on these tests
@@ -59,7 +59,7 @@ for tool in memcheck racecheck synccheck; do
   filter=(--kernel-name kns=Hc)
   [ "$tool" = racecheck ] && filter=()
   timeout "$(cap 60)" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
-    python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py -k "$general_tests" > "$out/sanitize_general_$tool.log" 2>&1
+    python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_prefill_cuda.py -k "$general_tests" > "$out/sanitize_general_$tool.log" 2>&1
   stamp "$tool general path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_general_$tool.log" | tail -1) $(tail -1 "$out/sanitize_general_$tool.log")"
 done
 

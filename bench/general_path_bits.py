@@ -13,8 +13,8 @@ import numpy as np
 
 import hcfuse
 from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE
-from hcfuse._ort_io import run_bound
-from hcfuse._session import CUDA, inference_session
+from hcfuse.checking._ort_io import run_bound
+from hcfuse.checking._session import CUDA, inference_session
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 
 

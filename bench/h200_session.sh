@@ -18,15 +18,15 @@ if [ -n "${TIMELINE_ROWS:-}" ]; then
   grep -E "^\||^timeline|phases|differ|error" "$out/timeline.log"
 fi
 if [ "$mode" = tests ]; then
-  timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -rs ${TESTS:-tests/test_kernels_cuda.py tests/test_fast_path_cuda.py} \
+  timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -rs ${TESTS:-tests/kernels/test_kernels_cuda.py tests/kernels/test_fast_path_cuda.py} \
     > "$out/tests.log" 2>&1
   grep -E "passed|failed|Error|error" "$out/tests.log" | tail -15
 fi
 HCFUSE_DEBUG=1 python3 - <<'PY' 2>&1 | grep -E "fast path|general path|GEMM" | sort -u | head -30
 import numpy as np, ml_dtypes
 from hcfuse.models.hc_block import make_fused_node_model, random_weights, random_activations
-from hcfuse._ort_io import run_bound
-from hcfuse._session import CUDA, inference_session
+from hcfuse.checking._ort_io import run_bound
+from hcfuse.checking._session import CUDA, inference_session
 from hcfuse._op import QWEN_ATTRIBUTES as A, QWEN_SHAPE as S
 rng = np.random.default_rng(0)
 m = make_fused_node_model(**S, dtype=ml_dtypes.bfloat16, prologue=True, streams_out=True, weights_as_inputs=False,

@@ -25,8 +25,8 @@ def run(rows_list: list[int], dtype_name: str, runs: int) -> None:
     import numpy as np
 
     from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE
-    from hcfuse._ort_io import run_bound
-    from hcfuse._session import CUDA, inference_session
+    from hcfuse.checking._ort_io import run_bound
+    from hcfuse.checking._session import CUDA, inference_session
     from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
     import hcfuse
 

@@ -7,7 +7,7 @@
 #   HCFUSE_LIBRARY=/path/libhcfuse_ops.so bash bench/prefill_session.sh   (built here when unset or unloadable;
 #   ORT_INCLUDE_DIR then names a folder holding onnxruntime_c_api.h; onnxruntime-gpu importable)
 # BENCH_ARGS overrides the benchmark's arguments, SANITIZE_TESTS the -k expression of the tests the
-# sanitizers run (tests/test_prefill_cuda.py; default: bfloat16, three awkward shapes at 303 and 2100 rows (both
+# sanitizers run (tests/kernels/test_prefill_cuda.py; default: bfloat16, three awkward shapes at 303 and 2100 rows (both
 # norm kernels, fixed and generic C), the resident norm kernel's variants and the wide rows).
 set -uo pipefail
 out=${OUT:-prefill_out}
@@ -48,7 +48,7 @@ for step in ${STEPS:-profile tests bench sanitize}; do
     ;;
   tests)
     HCFUSE_CUDA_TEST_REPORT=$out/cuda_test_report.json timeout "$(cap 110)" python3 -m pytest -q -rs \
-      -p no:cacheprovider tests/test_prefill_cuda.py tests/test_kernels_cuda.py -k "general or prefill or boundary or wide \
+      -p no:cacheprovider tests/kernels/test_prefill_cuda.py tests/kernels/test_kernels_cuda.py -k "general or prefill or boundary or wide \
       or awkward or branches or automatic" > "$out/tests.log" 2>&1
     stamp "tests: $(tail -1 "$out/tests.log")"
     grep -hE "^FAILED|^ERROR|Error" "$out/tests.log" | head -20
@@ -70,7 +70,7 @@ for step in ${STEPS:-profile tests bench sanitize}; do
       filter=(--kernel-name kns=Hc)
       [ "$tool" = racecheck ] && filter=()
       timeout "$(cap 60)" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
-        python3 -m pytest -q -x -p no:cacheprovider tests/test_prefill_cuda.py \
+        python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_prefill_cuda.py \
         -k "${SANITIZE_TESTS:-awkward and bf16 and (mid or long) and (4-640 or 4-768 or 3-100) or variants and bf16 or wide and bf16}" > "$out/sanitize_$tool.log" 2>&1
       stamp "$tool: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_$tool.log" | tail -1) $(tail -1 "$out/sanitize_$tool.log")"
     done

@@ -9,6 +9,6 @@ tests=${SANITIZE_TESTS:-small_shapes or (work_split and 33) or (same_bits and qw
 for tool in memcheck racecheck synccheck; do
   echo "== $tool"
   timeout "${SANITIZE_TIMEOUT:-75}" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \
-    python3 -m pytest -q -x tests/test_fast_path_cuda.py -k "$tests" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|Error" | tail -4
+    python3 -m pytest -q -x tests/kernels/test_fast_path_cuda.py -k "$tests" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|Error" | tail -4
   echo "exit ${PIPESTATUS[0]}"
 done

@@ -13,7 +13,7 @@ import os
 
 from hcfuse._library import get_library_path, register
 from hcfuse._op import DOMAIN, OP_TYPE, SINCE_VERSION
-from hcfuse.schema import register_schema
+from hcfuse.shapes.schema import register_schema
 
 
 def _version() -> str:
@@ -44,11 +44,11 @@ _LAZY = {
     "optimize_with_report": "hcfuse.api",
     "unfuse": "hcfuse.api",
     "verify": "hcfuse.api",
-    "optimize_file": "hcfuse.pipeline",
-    "unfuse_file": "hcfuse.pipeline",
-    "infer_shapes_file": "hcfuse.pipeline",
-    "FileResult": "hcfuse.pipeline",
-    "infer_shapes": "hcfuse.ort_symbolic_shape",
+    "optimize_file": "hcfuse.files.pipeline",
+    "unfuse_file": "hcfuse.files.pipeline",
+    "infer_shapes_file": "hcfuse.files.pipeline",
+    "FileResult": "hcfuse.files.pipeline",
+    "infer_shapes": "hcfuse.shapes.ort_symbolic_shape",
     "HcLowRankMixFusionPass": "hcfuse.rewrite",
     "hc_lowrank_mix_rules": "hcfuse.rewrite",
 }

@@ -3,7 +3,7 @@
 optimize/unfuse take an onnx.ModelProto or an onnx_ir.Model and return the same kind; the input is
 never modified (the work happens on a copy whose weights are shared, not read).
 optimize_file/unfuse_file/infer_shapes_file take paths and do what the ``hcfuse`` command does, with
-its guarantees (hcfuse.pipeline): input untouched, model and data committed together.
+its guarantees (hcfuse.files.pipeline): input untouched, model and data committed together.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable
 import onnx
 import onnx_ir as ir
 
-from hcfuse.pipeline import FileResult, infer_shapes_file, optimize_file, unfuse_file
-from hcfuse.unfusion import unfuse as _unfuse_in_place
-from hcfuse.verification import VerifyResult, verify
+from hcfuse.files.pipeline import FileResult, infer_shapes_file, optimize_file, unfuse_file
+from hcfuse.checking.unfusion import unfuse as _unfuse_in_place
+from hcfuse.checking.verification import VerifyResult, verify
 
 __all__ = ["FileResult", "VerifyResult", "infer_shapes_file", "optimize", "optimize_file", "optimize_with_report",
            "unfuse", "unfuse_file", "verify"]

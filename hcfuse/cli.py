@@ -2,7 +2,7 @@
 
 Exit codes: 0 success (zero fusions is a warning), 1 verification failed, 2 usage or I/O error (one
 line on stderr; the traceback only with --debug). Inputs are never modified; outputs are written
-atomically, model and data together (hcfuse.model_io). The work itself is hcfuse.pipeline's; this
+atomically, model and data together (hcfuse.files.model_io). The work itself is hcfuse.files.pipeline's; this
 module parses, prints and maps exceptions to exit codes.
 """
 
@@ -15,7 +15,8 @@ import sys
 import tempfile
 import traceback
 
-from hcfuse import _op, model_io
+from hcfuse import _op
+from hcfuse.files import model_io
 from hcfuse.reference import DTYPES_BY_NAME
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_ERROR = 0, 1, 2
@@ -54,7 +55,7 @@ def _short(item) -> str:
 
 
 def _progress():
-    from hcfuse.progress import TerminalProgress
+    from hcfuse.files.progress import TerminalProgress
 
     return TerminalProgress(sys.stderr)
 
@@ -62,7 +63,7 @@ def _progress():
 def _optimize(args) -> int:
     if os.path.isdir(args.input):
         return _genai_folder(args)
-    from hcfuse.pipeline import optimize_file
+    from hcfuse.files.pipeline import optimize_file
 
     result = optimize_file(args.input, args.output, verify=args.verify, report=args.report,
                            infer_shapes=args.infer_shapes, progress=_progress(), debug=args.debug)
@@ -70,7 +71,7 @@ def _optimize(args) -> int:
 
 
 def _print_optimized(args, result) -> int:
-    """optimize's summary of a hcfuse.pipeline.FileResult; its exit code."""
+    """optimize's summary of a hcfuse.files.pipeline.FileResult; its exit code."""
     if args.debug:
         print(json.dumps(result.fusion.to_dict(), indent=1, default=str), file=sys.stderr)
     lines = [f"hcfuse optimize: {result.input} -> {result.output}", *_summarize_report(result.fusion),
@@ -98,14 +99,14 @@ def _print_unfused(result) -> int:
 def _unfuse(args) -> int:
     if os.path.isdir(args.input):
         return _genai_folder(args, unfuse=True)
-    from hcfuse.pipeline import unfuse_file
+    from hcfuse.files.pipeline import unfuse_file
 
     return _print_unfused(unfuse_file(args.input, args.output, progress=_progress()))
 
 
 def _genai_folder(args, unfuse: bool = False) -> int:
-    """An onnxruntime-genai model folder (hcfuse.genai_folder): the decoder through the file pipeline."""
-    from hcfuse import genai_folder
+    """An onnxruntime-genai model folder (hcfuse.files.genai_folder): the decoder through the file pipeline."""
+    from hcfuse.files import genai_folder
 
     if unfuse:
         result = genai_folder.unfuse_folder(args.input, args.output, progress=_progress())
@@ -122,7 +123,7 @@ def _genai_folder(args, unfuse: bool = False) -> int:
 
 
 def _infer_shapes_cmd(args) -> int:
-    from hcfuse.pipeline import infer_shapes_file
+    from hcfuse.files.pipeline import infer_shapes_file
 
     infer_shapes_file(args.input, args.output, progress=_progress())
     print(f"hcfuse infer-shapes: {args.input} -> {args.output}")

@@ -1,5 +1,5 @@
 """Comparison helpers (bit equality, ulp distance in T); onnxruntime binding that handles bfloat16
-(hcfuse._ort_io, re-exported); CPU sessions with graph optimizations off.
+(hcfuse.checking._ort_io, re-exported); CPU sessions with graph optimizations off.
 
 Every failure message carries the shape, dtype and row count of what was compared and a mask of
 the mismatching cells, so a failing parametrized case says where it broke.
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-# onnxruntime binding that handles bfloat16, shared with hcfuse.verification
-from hcfuse._ort_io import BFLOAT16, from_ort_value, run_bound, to_ort_value  # noqa: F401
-from hcfuse._session import inference_session
+# onnxruntime binding that handles bfloat16, shared with hcfuse.checking.verification
+from hcfuse.checking._ort_io import BFLOAT16, from_ort_value, run_bound, to_ort_value  # noqa: F401
+from hcfuse.checking._session import inference_session
 
 _INT_OF = {np.dtype(np.float32): np.int32, np.dtype(np.float16): np.int16, BFLOAT16: np.int16}
 UINT_OF = {np.dtype(np.float32): np.uint32, np.dtype(np.float16): np.uint16, BFLOAT16: np.uint16}

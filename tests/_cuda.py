@@ -1,6 +1,6 @@
 """Helpers for the CUDA kernel tests: device capability, sessions with a pinned path, reading device
 outputs back (bfloat16 included) and fused chains. The ulp measure the CUDA tests assert is
-hcfuse.verification.scaled_ulp."""
+hcfuse.checking.verification.scaled_ulp."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from hcfuse._op import (
     STREAMS_OUT,
     WEIGHT_INPUTS,
 )
-from hcfuse._session import CUDA, inference_session
+from hcfuse.checking._session import CUDA, inference_session
 from tests._compare import UINT_OF
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from hcfuse._session import CPU as CPU_PROVIDER
-from hcfuse._session import CUDA as CUDA_PROVIDER
-from hcfuse._session import inference_session
+from hcfuse.checking._session import CPU as CPU_PROVIDER
+from hcfuse.checking._session import CUDA as CUDA_PROVIDER
+from hcfuse.checking._session import inference_session
 
 
 def cuda_available() -> bool:
@@ -94,7 +94,7 @@ def make_session(hcfuse_lib):
     return make
 
 
-# ---- differential fuzz of the fusion pass (tests/test_fuzz_fusion.py) ----------------------------
+# ---- differential fuzz of the fusion pass (tests/fusion/test_fuzz_fusion.py) ----------------------------
 
 FUZZ_MUTANTS = 300  # the CI size: well under a minute on a 2-core machine
 

@@ -24,7 +24,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
     Registers the op's schema and the com.microsoft opset import; removes the constants and packed
     weights the fused nodes no longer read; leaves the graph topologically sorted.
     """
-    from hcfuse.schema import register_schema
+    from hcfuse.shapes.schema import register_schema
 
     register_schema()
     # ORT GenAI's standard-ONNX expansions as contrib ops, only where the fusion below absorbs them

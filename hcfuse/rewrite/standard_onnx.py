@@ -14,8 +14,8 @@ itself, and the real fusion, seeing the same graph as the last trial, fuses the 
 
 Numerics: the expansion rounds at points the fused op does not (the norm's SimplifiedLayerNormalization
 and its Mul by weight+1, the pre-mix products before ReduceMean, the post-mix product before Add); the
-gap this leaves between the expansion model and the fused one is measured in tests/test_standard_onnx.py
-and is within hcfuse.verification's bounds.
+gap this leaves between the expansion model and the fused one is measured in tests/fusion/test_standard_onnx.py
+and is within hcfuse.checking.verification's bounds.
 """
 
 from __future__ import annotations

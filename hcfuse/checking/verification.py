@@ -1,0 +1,252 @@
+"""Runs an original and an optimized model on the same random inputs and compares them in ulp of T.
+
+The gap of an output is its largest per-element difference counted in units in the last place of
+the output's element type T, measured at max(|original|, |optimized|, RMS of the original output):
+at an element's own magnitude, but never finer than the output's typical magnitude, so a value that
+cancels to near zero (pre_output sums C products) is not judged by the spacing of tiny numbers.
+
+The bound (DEFAULT_MAX_ULP) follows SPEC.md's contract. The fused op rounds to T at the same points
+as the stock chain, so a single block differs only where accumulation order or the sigmoid flips a
+rounding: 1 ulp of a step, a few ulp of the outputs after it (measured on CPU: at most 3 ulp in
+float16, 23 ulp in float32 at the full Qwen size, where the stock MatMul and Sigmoid are themselves
+a few fp32 ulp off). A chain carries those differences through its residual streams from block to
+block, slowly: the exporter-shaped decode graphs of hcfuse.models measured 7 ulp at 8 full-size blocks, 8
+at 24 and 9-11 at 96 blocks in float16, 28.5 ulp at 8 full-size blocks in float32; on an H200
+(CUDA, rows 1/4/16) 6/13/15 ulp at 96 full-size blocks in bfloat16 and 18/29/38.5 ulp at 8
+full-size blocks in float32 (TF32 off: it keeps only 10 mantissa bits, thousands of ulp). The bounds,
+32 ulp for float16/bfloat16 and 512 for float32, leave about 3x room over that for any depth up to
+96 blocks; a real fusion error (a lost constant, a wrong weight slice) is thousands of ulp. Integer
+outputs must match exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from hcfuse.files import model_io
+from hcfuse.checking._session import CPU as _CPU
+from hcfuse.checking._session import CUDA as _CUDA
+from hcfuse.checking._session import inference_session
+
+# Largest accepted gap in ulp of T, per element type (float32, float16, bfloat16).
+DEFAULT_MAX_ULP = {ir.DataType.FLOAT: 512.0, ir.DataType.FLOAT16: 32.0, ir.DataType.BFLOAT16: 32.0}
+# Size given to every symbolic or unknown input dimension unless named in `dims`.
+DEFAULT_ROWS = 3
+_MANTISSA_BITS = {ir.DataType.FLOAT: 23, ir.DataType.FLOAT16: 10, ir.DataType.BFLOAT16: 7}
+_MIN_EXPONENT = {ir.DataType.FLOAT: -126, ir.DataType.FLOAT16: -14, ir.DataType.BFLOAT16: -126}
+
+
+@dataclasses.dataclass
+class OutputGap:
+    name: str
+    dtype: str
+    shape: tuple
+    max_ulp: float  # inf when a NaN/Inf appears in one model only
+    bound: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_ulp <= self.bound
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    """status: "passed", "failed" or "unverifiable" (the reason says why nothing was compared)."""
+
+    status: str
+    provider: str | None
+    outputs: list[OutputGap]
+    reason: str = ""
+    input_shapes: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def summary(self) -> str:
+        if self.status == "unverifiable":
+            return f"verify: not verified: {self.reason}"
+        lines = [f"verify ({self.provider}, inputs {self.input_shapes}): {self.status.upper()}"]
+        if self.reason:
+            lines.append(f"  {self.reason}")
+        for gap in self.outputs:
+            mark = "ok" if gap.ok else "FAIL"
+            lines.append(f"  {gap.name} {gap.dtype}{list(gap.shape)}: max gap {gap.max_ulp:g} ulp "
+                         f"(bound {gap.bound:g}) {mark}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class VerifyError(ValueError):
+    """onnxruntime could not load or run one of the two models; the message says which and why."""
+
+
+def scaled_ulp(original: np.ndarray, optimized: np.ndarray, dtype: ir.DataType | None = None) -> np.ndarray:
+    """Per element, |original - optimized| in ulp of dtype at max(|a|, |b|, RMS(original)) (see the
+    module doc); inf where a NaN or Inf appears in one array only (or Infs of opposite sign), 0 where
+    both hold the same one. dtype defaults to original's element type."""
+    if dtype is None:
+        dtype = ir.DataType.from_numpy(np.asarray(original).dtype)
+    a = np.asarray(original).astype(np.float64)
+    b = np.asarray(optimized).astype(np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"scaled_ulp: shapes differ: original {a.shape}, optimized {b.shape}")
+    special = ~(np.isfinite(a) & np.isfinite(b))
+    same = (np.isnan(a) & np.isnan(b)) | (a == b)
+    finite = a[~special]
+    rms = np.sqrt(np.mean(finite * finite)) if finite.size else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        magnitude = np.maximum(np.maximum(np.abs(a), np.abs(b)), rms)
+        exponent = np.maximum(np.floor(np.log2(np.maximum(magnitude, np.finfo(np.float64).tiny))),
+                              _MIN_EXPONENT[dtype])
+        gap = np.abs(a - b) / np.exp2(exponent - _MANTISSA_BITS[dtype])
+    return np.where(special, np.where(same, 0.0, np.inf), gap)
+
+
+def ulp_gap(original: np.ndarray, optimized: np.ndarray, dtype: ir.DataType) -> float:
+    """Largest scaled_ulp of the two arrays: the gap verify compares with its bound."""
+    gaps = scaled_ulp(original, optimized, dtype)
+    return float(gaps.max()) if gaps.size else 0.0
+
+
+def _available_providers(providers: list[str] | None) -> list[str]:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if providers is None:
+        return [_CUDA] if _CUDA in available else [_CPU]
+    missing = [p for p in providers if p not in available]
+    if missing:
+        raise ValueError(f"verify: providers {missing} are not available; onnxruntime has {available}")
+    return list(providers)
+
+
+def _random_feeds(model: ir.Model, dims: dict, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Normal random values for every graph input; symbolic dims take dims[name] or rows.
+
+    A static input of rank >= 2 (a weight fed as an input) is scaled by 1/sqrt(shape[-2]) so products
+    stay of unit size, as with real weights.
+    """
+    feeds = {}
+    for value in model.graph.inputs:
+        if value.name in model.graph.initializers:
+            continue
+        if value.dtype is None or value.shape is None:
+            raise ValueError(f"verify: graph input {value.name!r} has no type or shape; cannot make random data")
+        shape = [d if isinstance(d, int) else dims.get(str(d.value) if d.value else "", rows) for d in value.shape]
+        np_dtype = value.dtype.numpy()
+        if value.dtype.is_floating_point():
+            data = rng.standard_normal(shape)
+            symbolic = any(not isinstance(d, int) for d in value.shape)
+            if not symbolic and len(shape) >= 2 and shape[-2] > 0:
+                data /= np.sqrt(shape[-2])
+        elif value.dtype == ir.DataType.BOOL:
+            data = rng.integers(0, 2, shape)
+        else:
+            data = np.zeros(shape)
+        feeds[value.name] = np.asarray(data).astype(np_dtype)  # 0-d stays 0-d
+    return feeds
+
+
+def _uses_bfloat16(model: ir.Model) -> bool:
+    values = [*model.graph.inputs, *model.graph.outputs, *model.graph.initializers.values()]
+    values += [out for node in model.graph for out in node.outputs]
+    return any(v.dtype == ir.DataType.BFLOAT16 for v in values)
+
+
+def _session(path: str, provider: str, library: str):
+    # fatal only: a failure reaches the caller as one VerifyError line
+    # float32 MatMul on TF32 tensor cores keeps 10 mantissa bits: the contract accumulates in fp32
+    providers = [(provider, {"use_tf32": "0"})] if provider == _CUDA else [provider]
+    return inference_session(path, providers, library=library, log_severity=4)
+
+
+def _as_path(model, directory: str, name: str) -> str:
+    """A path ORT can load: the given path, or the model saved into directory (external data if big)."""
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if isinstance(model, onnx.ModelProto):
+        model = ir.from_proto(model)
+    path = os.path.join(directory, name)
+    model_io.save(model, path)
+    return path
+
+
+def verify(
+    original,
+    optimized,
+    *,
+    providers: list[str] | None = None,
+    seed: int = 0,
+    rows: int = DEFAULT_ROWS,
+    dims: dict[str, int] | None = None,
+    max_ulp: dict | float | None = None,
+) -> VerifyResult:
+    """Compares original and optimized (ModelProto, onnx_ir.Model or a path) in onnxruntime.
+
+    providers: default CUDA when onnxruntime sees it, else CPU (with hcfuse's library registered).
+    rows / dims: sizes given to symbolic input dims (dims by name, the rest rows).
+    max_ulp: the bound, one number or per ir.DataType (a type not named keeps DEFAULT_MAX_ULP's).
+    Raises VerifyError (one line, onnxruntime's reason included) when a model cannot be loaded or run.
+    """
+    from hcfuse._library import get_library_path
+
+    provider = _available_providers(providers)[0]
+    library = get_library_path()
+    with tempfile.TemporaryDirectory(prefix="hcfuse-verify-") as tmp:
+        orig_path = _as_path(original, tmp, "original.onnx")
+        opt_path = _as_path(optimized, tmp, "optimized.onnx")
+        reference = model_io.load(orig_path)
+        if provider == _CPU and _uses_bfloat16(reference):
+            return VerifyResult(
+                "unverifiable", provider, [],
+                reason="the model computes in bfloat16 and onnxruntime's CPU provider has no bfloat16 "
+                       "MatMul/Sigmoid/Div/Mul for the stock chain; verify on CUDA (onnxruntime-gpu)",
+            )
+        feeds = _random_feeds(reference, dims or {}, rows, np.random.default_rng(seed))
+        expected = _run("original", orig_path, provider, library, feeds)
+        actual = _run("optimized", opt_path, provider, library, feeds)
+    return _compare(expected, actual, reference, provider, feeds, max_ulp)
+
+
+def _run(which: str, path: str, provider: str, library: str, feeds: dict) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    from hcfuse.checking._ort_io import run_bound  # bfloat16 in and out as raw bits (ORT's numpy API refuses it)
+
+    run_options = ort.RunOptions()
+    run_options.log_severity_level = 4  # onnxruntime's own log line would repeat the error below
+    try:
+        return run_bound(_session(path, provider, library), feeds, run_options=run_options)
+    except Exception as e:  # onnxruntime's Fail/InvalidArgument/RuntimeException... carry the reason
+        shapes = {k: list(v.shape) for k, v in feeds.items()}
+        raise VerifyError(f"verify: onnxruntime ({provider}) could not run the {which} model {path} on inputs "
+                          f"{shapes}: {' '.join(str(e).split())}") from e
+
+
+def _compare(expected, actual, reference: ir.Model, provider, feeds, max_ulp) -> VerifyResult:
+    gaps = []
+    for out in reference.graph.outputs:
+        a, b = expected[out.name], actual.get(out.name)
+        if b is None or b.shape != a.shape or b.dtype != a.dtype:
+            found = "missing" if b is None else f"{b.dtype}{list(b.shape)}"
+            reason = f"output {out.name!r}: expected {a.dtype}{list(a.shape)}, optimized gives {found}"
+            return VerifyResult("failed", provider, gaps, reason=reason)
+        dtype = ir.DataType.from_numpy(a.dtype)
+        if dtype in _MANTISSA_BITS:
+            bound = max_ulp if isinstance(max_ulp, (int, float)) else {**DEFAULT_MAX_ULP, **(max_ulp or {})}[dtype]
+            gap = ulp_gap(a, b, dtype)
+        else:
+            bound, gap = 0.0, float(0 if np.array_equal(a, b) else np.inf)
+        gaps.append(OutputGap(out.name, dtype.name, a.shape, gap, float(bound)))
+    status = "passed" if all(g.ok for g in gaps) else "failed"
+    shapes = {k: list(v.shape) for k, v in feeds.items()}
+    return VerifyResult(status, provider, gaps, input_shapes=shapes)
