@@ -13,21 +13,24 @@ then:
 3. a second os.replace puts the model reading OUT.onnx.data in place; the folder is removed.
 A run killed after step 1 leaves a whole new pair, which the next run writing in that directory
 completes (steps 2-3); a run killed before it leaves only its folder, which the next run removes.
+A run interrupted (an exception, Ctrl-C) removes its folder only when the output does not read it,
+decided from the output file itself, so no signal between the rename and the clean-up loses data.
+Callers that check the written model before it replaces the output (verify) use ``staged``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 import shutil
-import signal
 from collections.abc import Callable, Iterable, Iterator
 
 import onnx
 import onnx_ir as ir
 
-from hcfuse.files import temporaries
+from hcfuse.files import steps, temporaries
 
 try:
     import fcntl
@@ -42,9 +45,6 @@ EXTERNAL_THRESHOLD_BYTES = 1024
 # holding at most this many bytes of materialized tensors at once: peak memory stays small.
 SAVE_WORKERS = 4
 SAVE_IN_FLIGHT_BYTES = 64 * 1024 * 1024
-# Test hook: a run whose environment names one of save()'s steps here kills itself (SIGKILL) there.
-KILL_AT_ENV = "HCFUSE_TEST_KILL_AT"
-SAVE_STEPS = ("writing", "written", "staged", "committed", "data-placed", "finalized")
 _NOT_READ = "hcfuse-not-read.data"
 
 
@@ -88,6 +88,21 @@ def load(path: str | os.PathLike) -> ir.Model:
         raise ModelIOError(f"{path}: {problem}")
     _check_structure(model, proto, path)
     return model
+
+
+def read_by_real_paths(model: ir.Model) -> None:
+    """Points every external tensor of a model load() checked at its data file's resolved path.
+
+    load() refused any location outside the model's folder (links resolved), as onnxruntime does;
+    onnx-ir's own check also refuses a data file with several hard links, which onnxruntime loads:
+    a tensor given by its full path with no base folder is read as it is."""
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            t = value.const_value
+            if isinstance(t, ir.ExternalTensor):
+                value.const_value = ir.ExternalTensor(
+                    os.path.realpath(t.path), t.offset, t.length, t.dtype, shape=t.shape, name=t.name,
+                    doc_string=t.doc_string, metadata_props=dict(t.metadata_props))
 
 
 def _undefined_input(graph: onnx.GraphProto, outer: frozenset = frozenset()):
@@ -153,7 +168,8 @@ def _external_data_problem(model: ir.Model, base: str) -> str | None:
                 continue
             where = f"initializer {value.name!r}: external data file {os.fspath(tensor.location)!r}"
             file = os.path.realpath(tensor.path)
-            if os.path.isabs(os.fspath(tensor.location)) or os.path.commonpath([base, file]) != base:
+            checked = not tensor.base_dir  # read_by_real_paths: its place was checked when loaded
+            if not checked and (os.path.isabs(os.fspath(tensor.location)) or os.path.commonpath([base, file]) != base):
                 return f"{where} lies outside the model's folder {base} (refused: path traversal)"
             if file not in sizes:
                 if not os.path.isfile(file):
@@ -240,11 +256,6 @@ def check_writable(path: str | os.PathLike, what: str = "output") -> None:
 # ---- saving -------------------------------------------------------------------------------------
 
 
-def _kill_point(step: str) -> None:
-    if os.environ.get(KILL_AT_ENV) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 @contextlib.contextmanager
 def _directory_lock(directory: str) -> Iterator[None]:
     """Serializes commits and clean-ups of runs writing in one directory (flock on the directory)."""
@@ -313,13 +324,64 @@ def save(
     data goes to ``<path>.data`` beside the model. progress(done, total) is called per
     external tensor written.
     """
+    with staged(model, path, external_data=external_data, progress=progress) as written:
+        return written.commit()
+
+
+@dataclasses.dataclass
+class StagedModel:
+    """A model written into its run's folder beside the output, not yet the output.
+
+    model_path can be loaded and run (its data beside it, in the same folder); commit() makes it
+    the output (module doc) and returns the files written."""
+
+    path: str  # the output
+    model_path: str
+    external: bool
+
+    def commit(self) -> list[str]:
+        tmp, name = os.path.split(self.model_path)
+        directory = os.path.dirname(self.path)
+        data_name = data_file_name(self.path)
+        if not self.external:
+            _fsync(self.model_path)
+            with _directory_lock(directory):
+                data_path = os.path.join(directory, data_name)
+                previous_data = (os.path.exists(data_path) and os.path.exists(self.path)
+                                 and data_name in _locations(self.path))
+                os.replace(self.model_path, self.path)  # the commit point
+                steps.reached("committed")
+                if previous_data:  # the model it replaced read it; nothing reads it now
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(data_path)
+            return [self.path]
+        staged_path = os.path.join(tmp, name + ".staged")
+        _fsync(os.path.join(tmp, data_name))
+        _write_relocated(self.model_path, staged_path, f"{os.path.basename(tmp)}/{data_name}")
+        steps.reached("staged")
+        with _directory_lock(directory):
+            os.replace(staged_path, self.path)  # the commit point: the new model, reading the new data in tmp
+            steps.reached("committed")
+            _finish(tmp, name)
+        return [self.path, os.path.join(directory, data_name)]
+
+
+@contextlib.contextmanager
+def staged(
+    model: ir.Model,
+    path: str | os.PathLike,
+    *,
+    external_data: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Iterator[StagedModel]:
+    """Writes ``model`` into a new run folder beside ``path`` and yields it as a StagedModel; on
+    leaving, the folder is removed unless the output reads it (a commit that a kill cut short)."""
     path = os.path.abspath(os.fspath(path))
     directory, name = os.path.split(path)
     if external_data is None:
         external_data = needs_external_data(model)
     tmp = os.path.join(directory, temporaries.new_name())
     os.mkdir(tmp)
-    committed = False
     try:
         tmp_model = os.path.join(tmp, name)
         data_name = data_file_name(path)
@@ -330,41 +392,25 @@ def save(
             else:
                 ir.save(model, tmp_model)
         except (ValueError, OSError) as e:  # reading a weight failed: say which, where we can tell
-            bases = {os.fspath(t.base_dir) for t in _external_tensors(model)} or {directory}
+            bases = {os.fspath(t.base_dir) or os.path.dirname(t.path) for t in _external_tensors(model)} or {directory}
             problem = next(filter(None, (_external_data_problem(model, b) for b in sorted(bases))), None)
             raise ModelIOError(f"{path}: writing it failed: {problem or _one_line(e)} (did the input's data "
                                "change while hcfuse ran?)") from e
-        _kill_point("written")
-        if not os.path.exists(os.path.join(tmp, data_name)):  # no tensor was large enough to go out
-            _fsync(tmp_model)
-            with _directory_lock(directory):
-                data_path = os.path.join(directory, data_name)
-                previous_data = os.path.exists(data_path) and os.path.exists(path) and data_name in _locations(path)
-                os.replace(tmp_model, path)  # the commit point
-                committed = True
-                _kill_point("committed")
-                if previous_data:  # the model it replaced read it; nothing reads it now
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(data_path)
-            os.rmdir(tmp)
-            return [path]
-        staged = os.path.join(tmp, name + ".staged")
-        _fsync(os.path.join(tmp, data_name))
-        _write_relocated(tmp_model, staged, f"{os.path.basename(tmp)}/{data_name}")
-        _kill_point("staged")
-        with _directory_lock(directory):
-            os.replace(staged, path)  # the commit point: the new model, reading the new data in tmp
-            committed = True
-            _kill_point("committed")
-            _finish(tmp, name)
-        return [path, os.path.join(directory, data_name)]
+        steps.reached("written")
+        yield StagedModel(path, tmp_model, os.path.exists(os.path.join(tmp, data_name)))
     finally:
-        if not committed:  # after the commit, tmp holds the data the output reads: a later run completes it
+        if not _reads_from(path, tmp):  # after the commit the output reads tmp: a later run completes it
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _reads_from(path: str, folder: str) -> bool:
+    """Whether the model file ``path`` reads external data inside ``folder`` (a sibling of it)."""
+    prefix = os.path.basename(folder) + "/"
+    return os.path.isdir(folder) and any(loc.startswith(prefix) for loc in _locations(path))
+
+
 def _save_callback(progress):
-    """onnx-ir's per-tensor save callback: progress, and the test hook "writing" after one tensor."""
+    """onnx-ir's per-tensor save callback: progress, and the step "writing" after one tensor."""
     written_count = [0]  # writers call back out of order: count calls, not indices
 
     def callback(_tensor, info):
@@ -372,7 +418,7 @@ def _save_callback(progress):
         if progress is not None:
             progress(written_count[0], info.total)
         if written_count[0] == 1:
-            _kill_point("writing")
+            steps.reached("writing")
 
     return callback
 
@@ -389,9 +435,9 @@ def _finish(tmp: str, name: str) -> None:
     except OSError:  # a filesystem without hard links: a copy, slower but as safe
         shutil.copyfile(new_data, second)
     os.replace(second, os.path.join(directory, data_name))  # replaces the previous run's data
-    _kill_point("data-placed")
+    steps.reached("data-placed")
     os.replace(os.path.join(tmp, name), os.path.join(directory, name))
-    _kill_point("finalized")
+    steps.reached("finalized")
     shutil.rmtree(tmp)
 
 
@@ -400,8 +446,7 @@ def _committed_output(tmp: str) -> str | None:
     entries = set(os.listdir(tmp))
     for name in entries:
         if data_file_name(name) in entries and not name.endswith((".staged", ".link")):
-            prefix = os.path.basename(tmp) + "/"
-            if any(loc.startswith(prefix) for loc in _locations(os.path.join(os.path.dirname(tmp), name))):
+            if _reads_from(os.path.join(os.path.dirname(tmp), name), tmp):
                 return name
     return None
 

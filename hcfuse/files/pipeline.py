@@ -2,8 +2,11 @@
 
 Each function loads the input lazily (weights stay on disk), refuses any output that is an input
 (hcfuse.files.run_files), removes the temporaries of killed earlier runs beside the output, transforms
-the model, and writes it with one commit point for model and data (hcfuse.files.model_io). The input
-is never modified; a failure leaves the previous output, if any, as it was.
+the model, writes it beside the output, checks that no input changed meanwhile
+(hcfuse.files.unchanged_inputs), verifies the written model when asked, and only then commits model
+and data as one (hcfuse.files.model_io). A verification that fails commits nothing (result.committed
+is False); one that could not run commits. The input is never modified; a failure or an interrupt
+before the commit leaves the previous output, if any, as it was.
 
     result = hcfuse.optimize_file("model.onnx", "model.fused.onnx", verify=True, report="fusion.json")
     result.fusion.counts_by_rule(), result.verify.passed, result.files
@@ -23,6 +26,7 @@ import onnx_ir as ir
 from hcfuse.files import model_io, temporaries
 from hcfuse.files.progress import Progress
 from hcfuse.files.run_files import RunFiles
+from hcfuse.files.unchanged_inputs import InputSignatures
 
 
 @dataclasses.dataclass
@@ -40,6 +44,8 @@ class FileResult:
     verify: object | None = None  # hcfuse.checking.verification.VerifyResult
     expanded: int | None = None
     report: str | None = None
+    committed: bool = True  # False: verification failed, the output was left as it was
+
 
     def to_dict(self) -> dict:
         """The JSON report of an optimize run (the --report file)."""
@@ -49,6 +55,7 @@ class FileResult:
             "nodes_before": sum(self.ops_before.values()), "nodes_after": sum(self.ops_after.values()),
             "ops_before": self.ops_before, "ops_after": self.ops_after, "time_s": self.time_s,
             "verify": self.verify.to_dict() if self.verify is not None else None,
+            "committed": self.committed, "files": self.files,
         }
 
 
@@ -66,24 +73,35 @@ def _write_json_atomic(path: str, data: dict) -> None:
 
 
 def _run(input, output, transform: Callable[[ir.Model, Progress], dict], progress: Progress | None,
-         report=None) -> FileResult:
-    """Load, check the paths, clean up, transform (in place; returns FileResult fields), save."""
+         report=None, check: Callable[[str, str], dict] | None = None) -> FileResult:
+    """Load, check the paths, clean up, transform (in place; returns FileResult fields), write beside
+    the output, check(input, written model) (returns FileResult fields; "committed": False keeps the
+    previous output), commit."""
     began = time.perf_counter()
     progress = progress or Progress()
     input, output = os.fspath(input), os.fspath(output)
+    signatures = InputSignatures()
+    signatures.record([input])  # before reading it: a file replaced meanwhile is noticed at the end
     model = model_io.load(input)
     files = RunFiles.of(input, model, output, report)
     files.check()  # before any work: a refused path costs nothing and leaves nothing behind
+    signatures.record(files.input_data)
+    model_io.read_by_real_paths(model)
     for directory in {os.path.dirname(os.path.abspath(p)) for p in (output, report) if p is not None}:
         model_io.remove_stale_temporaries(directory, keep=files.inputs)
     progress.start(model_io.initializer_bytes(model))
     progress.stage(f"loaded {input}")
     before = _op_counts(model)
     fields = transform(model, progress)
-    written = model_io.save(model, output, progress=progress.counter("saving weights"))
-    progress.stage(f"saved {output}")
-    times = {**fields.pop("time_s", {}), "total": time.perf_counter() - began}
-    return FileResult(input, output, written, before, _op_counts(model), times, **fields)
+    with model_io.staged(model, output, progress=progress.counter("saving weights")) as written:
+        signatures.check()
+        checked = check(input, written.model_path) if check is not None else {}
+        committed = checked.pop("committed", True)
+        files_written = written.commit() if committed else []
+    progress.stage(f"saved {output}" if committed else f"not saved {output}")
+    times = {**fields.pop("time_s", {}), **checked.pop("time_s", {}), "total": time.perf_counter() - began}
+    return FileResult(input, output, files_written, before, _op_counts(model), times, **fields, **checked,
+                      committed=committed)
 
 
 def optimize_file(
@@ -95,6 +113,7 @@ def optimize_file(
     infer_shapes: bool = False,
     progress: Progress | None = None,
     debug: bool = False,
+    verify_dims: dict[str, int] | None = None,
 ) -> FileResult:
     """Fuses every hyper-connection block of the model file ``input`` into ``output``.
 
@@ -118,12 +137,17 @@ def optimize_file(
             progress.stage("inferred shapes")
         return {"fusion": fusion, "time_s": {"fuse": fuse_s}}
 
-    result = _run(input, output, fuse, progress, report)
-    if verify:
+    def check(original: str, written: str) -> dict:
         from hcfuse.checking.verification import verify as run_verify
 
-        result.verify = run_verify(result.input, result.output)
-        (progress or Progress()).stage("verified")
+        began = time.perf_counter()
+        options = {"dims": verify_dims} if verify_dims is not None else {}
+        outcome = run_verify(original, written, **options)
+        (progress or Progress()).stage(f"verified: {outcome.status}")
+        return {"verify": outcome, "committed": outcome.status != "failed",
+                "time_s": {"verify": time.perf_counter() - began}}
+
+    result = _run(input, output, fuse, progress, report, check if verify else None)
     if report is not None:
         _write_json_atomic(os.fspath(report), result.to_dict())
         result.report = os.fspath(report)

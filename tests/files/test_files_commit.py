@@ -1,9 +1,10 @@
 """Model and data are committed as one, and killed runs leave at most one temporary, which a later
 run removes (or, when the kill came after the commit, completes).
 
-The killed runs are real `python -m hcfuse optimize` processes that SIGKILL themselves at a named
-step of hcfuse.files.model_io.save (its HCFUSE_TEST_KILL_AT hook); what they leave is loaded and run in
-onnxruntime and compared with the outputs of the previous run's pair and of the new pair.
+The killed runs are real `hcfuse optimize` processes (tests/files/step_runner.py) that SIGKILL or
+SIGINT themselves at a named step of hcfuse.files.model_io.save (hcfuse.files.steps); what they leave
+is loaded and run in onnxruntime and compared with the outputs of the previous run's pair and of the
+new pair.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from hcfuse.files import model_io, temporaries
+from hcfuse.files import model_io, steps, temporaries
 from hcfuse.cli import EXIT_OK, main
 from hcfuse.models.qwen_decode import save_decode_model
 
 C, H, R = 4, 16, 8
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step_runner.py")
 BEFORE_COMMIT = ("writing", "written", "staged")
 AFTER_COMMIT = ("committed", "data-placed", "finalized")
 
@@ -48,12 +50,12 @@ def _run(model_path: str, library: str) -> np.ndarray:
     return session.run(None, {"inputs_embeds": feed})[0]
 
 
-def _killed_optimize(src: str, out: str, step: str) -> None:
-    env = {**os.environ, model_io.KILL_AT_ENV: step,
-           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "hcfuse", "optimize", src, "-o", out], env=env,
+def _killed_optimize(src: str, out: str, step: str, signame: str = "KILL") -> None:
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, RUNNER, step, signame, "--", "optimize", src, "-o", out], env=env,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, (step, proc.returncode, proc.stderr)
+    expected = -signal.SIGKILL if signame == "KILL" else -signal.SIGINT  # an uncaught Ctrl-C ends by SIGINT
+    assert proc.returncode == expected, (step, proc.returncode, proc.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +94,14 @@ def _which_pair(runs, out: str) -> str:
                          f"{np.abs(got - runs['expected']['b']).max()} from the new)")
 
 
-@pytest.mark.parametrize("step", model_io.SAVE_STEPS)
-def test_a_kill_at_any_step_leaves_a_whole_pair(step, runs, capsys):
-    directory = _fresh_output_dir(runs, f"kill_{step}")
+@pytest.mark.parametrize("signame", ["KILL", "INT"])
+@pytest.mark.parametrize("step", steps.FILE_STEPS)
+def test_a_kill_or_interrupt_at_any_step_leaves_a_whole_pair(step, signame, runs, capsys):
+    """Ctrl-C right after the commit's rename, too, leaves the new pair whole (the clean-up never
+    removes data the output reads)."""
+    directory = _fresh_output_dir(runs, f"{signame}_{step}")
     out = os.path.join(directory, "out.onnx")
-    _killed_optimize(runs["b"], out, step)
+    _killed_optimize(runs["b"], out, step, signame)
     assert _sha(runs["a"], runs["a"] + ".data", runs["b"], runs["b"] + ".data") == runs["inputs"]
     assert len(_temporaries(directory)) <= 1
     assert sorted(set(os.listdir(directory)) - set(_temporaries(directory))) == ["out.onnx", "out.onnx.data"]
