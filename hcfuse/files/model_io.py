@@ -66,7 +66,7 @@ def load(path: str | os.PathLike) -> ir.Model:
     try:
         proto = onnx.load(path, load_external_data=False)
     except Exception as e:  # protobuf raises DecodeError, RuntimeError or ValueError by version
-        raise ModelIOError(f"{path}: not an ONNX model ({type(e).__name__}: {e})") from e
+        raise ModelIOError(f"{path}: not an ONNX model ({type(e).__name__}: {_one_line(e)})") from e
     # Protobuf parses many non-ONNX byte strings into an empty message: demand a real model.
     if proto.ir_version <= 0 or not proto.HasField("graph"):
         raise ModelIOError(f"{path}: not an ONNX model (no ir_version or graph in the file)")
@@ -257,7 +257,7 @@ def check_writable(path: str | os.PathLike, what: str = "output") -> None:
 
 
 @contextlib.contextmanager
-def _directory_lock(directory: str) -> Iterator[None]:
+def directory_lock(directory: str) -> Iterator[None]:
     """Serializes commits and clean-ups of runs writing in one directory (flock on the directory)."""
     fd = os.open(directory, os.O_RDONLY) if fcntl is not None else None
     try:
@@ -289,7 +289,7 @@ def _tensor_protos(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _tensor_protos(sub)
 
 
-def _locations(path: str) -> set[str]:
+def locations(path: str) -> set[str]:
     """The external data locations a model file reads (empty when it is not a readable model)."""
     try:
         proto = onnx.load(path, load_external_data=False)
@@ -345,10 +345,10 @@ class StagedModel:
         data_name = data_file_name(self.path)
         if not self.external:
             _fsync(self.model_path)
-            with _directory_lock(directory):
+            with directory_lock(directory):
                 data_path = os.path.join(directory, data_name)
                 previous_data = (os.path.exists(data_path) and os.path.exists(self.path)
-                                 and data_name in _locations(self.path))
+                                 and data_name in locations(self.path))
                 os.replace(self.model_path, self.path)  # the commit point
                 steps.reached("committed")
                 if previous_data:  # the model it replaced read it; nothing reads it now
@@ -359,7 +359,7 @@ class StagedModel:
         _fsync(os.path.join(tmp, data_name))
         _write_relocated(self.model_path, staged_path, f"{os.path.basename(tmp)}/{data_name}")
         steps.reached("staged")
-        with _directory_lock(directory):
+        with directory_lock(directory):
             os.replace(staged_path, self.path)  # the commit point: the new model, reading the new data in tmp
             steps.reached("committed")
             _finish(tmp, name)
@@ -406,7 +406,7 @@ def staged(
 def _reads_from(path: str, folder: str) -> bool:
     """Whether the model file ``path`` reads external data inside ``folder`` (a sibling of it)."""
     prefix = os.path.basename(folder) + "/"
-    return os.path.isdir(folder) and any(loc.startswith(prefix) for loc in _locations(path))
+    return os.path.isdir(folder) and any(loc.startswith(prefix) for loc in locations(path))
 
 
 def _save_callback(progress):
@@ -458,7 +458,7 @@ def remove_stale_temporaries(directory: str | os.PathLike, keep: Iterable[str] =
     directory = os.path.abspath(os.fspath(directory))
     keep = [os.path.realpath(k) for k in keep]
     done = []
-    with _directory_lock(directory):
+    with directory_lock(directory):
         for temp in temporaries.stale_in(directory):
             real = os.path.realpath(temp.path)
             if any(k == real or k.startswith(real + os.sep) for k in keep):

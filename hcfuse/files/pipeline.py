@@ -63,7 +63,7 @@ def _op_counts(model: ir.Model) -> dict[str, int]:
     return dict(collections.Counter(node.op_type for graph in model.graphs() for node in graph))
 
 
-def _write_json_atomic(path: str, data: dict) -> None:
+def write_json_atomic(path: str, data: dict) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "x") as f:
             json.dump(data, f, indent=1, default=str)
@@ -149,7 +149,7 @@ def optimize_file(
 
     result = _run(input, output, fuse, progress, report, check if verify else None)
     if report is not None:
-        _write_json_atomic(os.fspath(report), result.to_dict())
+        write_json_atomic(os.fspath(report), result.to_dict())
         result.report = os.fspath(report)
     return result
 

@@ -13,6 +13,7 @@ import pytest
 import hcfuse
 from hcfuse import _op
 from hcfuse.files import genai_folder, model_io
+from hcfuse.files.folder_commit import MANIFEST
 from hcfuse._library import library_file_name
 from hcfuse.checking._session import inference_session
 from hcfuse.cli import EXIT_ERROR, EXIT_OK, main
@@ -63,7 +64,7 @@ def test_optimize_folder(folder, tmp_path, hcfuse_lib):
     result = genai_folder.optimize_folder(folder, out)
     assert tree(folder) == before, "the input folder was modified"
     written = tree(out)
-    assert sorted(written) == sorted([*before, library_file_name()])
+    assert sorted(written) == sorted([*before, library_file_name(), MANIFEST])
     for name in ("special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"):
         assert written[name] == before[name]
     assert written[library_file_name()] == tree(os.path.dirname(hcfuse_lib))[os.path.basename(hcfuse_lib)]
@@ -83,7 +84,7 @@ def test_unfuse_folder_reverses_optimize(folder, tmp_path, hcfuse_lib):
     fused, back = str(tmp_path / "fused"), str(tmp_path / "back")
     genai_folder.optimize_folder(folder, fused)
     result = genai_folder.unfuse_folder(fused, back)
-    assert sorted(tree(back)) == sorted(tree(folder))  # no library copy
+    assert sorted(tree(back)) == sorted([*tree(folder), MANIFEST])  # no library copy
     assert config(back) == config(folder)  # no custom_ops_library
     assert result.custom_ops_library is None
     assert fused_count(os.path.join(back, MODEL_FILE)) == 0
