@@ -16,8 +16,8 @@ from __future__ import annotations
 import itertools
 
 import onnx_ir as ir
-from onnxscript.rewriter import _basics
-from onnxscript.rewriter._matcher import SimplePatternMatcher
+
+from hcfuse.rewrite._onnxscript_api import MatchResult, SimplePatternMatcher
 
 
 def _crosses(value: ir.Value | None) -> bool:
@@ -59,7 +59,7 @@ class _Attempt(SimplePatternMatcher):
         self._graph = graph_or_function if isinstance(graph_or_function, ir.Graph) else graph_or_function.graph
         output_nodes = self.pattern.output_nodes
         if not _fits(output_nodes[0], node):
-            return _basics.MatchResult().fail(f"OpType mismatch: expected {output_nodes[0].op_type}, got {node.op_type}.")
+            return MatchResult().fail(f"OpType mismatch: expected {output_nodes[0].op_type}, got {node.op_type}.")
         if self.pattern.has_single_output_node:
             self._init_match(verbose)
             return self._match_single_output_node(model, graph_or_function, node, check_removable=False)
@@ -75,7 +75,7 @@ class _Attempt(SimplePatternMatcher):
                 return match
             if best is None or len(match.nodes) > len(best.nodes):
                 best = match
-        return best if best is not None else _basics.MatchResult().fail("No candidate nodes for the pattern's outputs.")
+        return best if best is not None else MatchResult().fail("No candidate nodes for the pattern's outputs.")
 
 
 class LocalMatcher(SimplePatternMatcher):

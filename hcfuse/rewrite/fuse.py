@@ -6,9 +6,9 @@ import collections
 import sys
 
 import onnx_ir as ir
-from onnxscript.rewriter import _basics
 
 from hcfuse import _op
+from hcfuse.rewrite._onnxscript_api import MatchingTracer, rule_matcher
 from hcfuse.rewrite.derived_weights import NameScope
 from hcfuse.rewrite.hc_lowrank_mix import hc_lowrank_mix_rules, make_ruleset
 from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
@@ -42,7 +42,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
     report.rejected = _rejections(model, session.failures, {block.anchor: block.rule for block in report.fused})
     report.rejected += standard.rejected
     if debug and not count:
-        tracer = _basics.MatchingTracer()
+        tracer = MatchingTracer()
         make_ruleset(FusionSession(model)).apply_to_model(model, tracer=tracer)
         tracer.report()
         for item in report.rejected:
@@ -121,7 +121,7 @@ def _structural_reason(model: ir.Model, where: ir.Graph | ir.Function, norm: ir.
         return f"its output is not consumed by a {_op.PRE_MIX}: not a hyper-connection block"
     best = None
     for rule in hc_lowrank_mix_rules:
-        match = rule._matcher.match(model, where, pre_mixes[0])
+        match = rule_matcher(rule).match(model, where, pre_mixes[0])
         if not match and (best is None or len(match.nodes) > len(best.nodes)):
             best = match
     if best is None:

@@ -25,14 +25,14 @@ from __future__ import annotations
 import threading
 
 import onnx_ir as ir
-from onnxscript.rewriter import _basics
 from onnxscript.rewriter import pattern as orp
-from onnxscript.rewriter._pattern_ir import AttrVar
-from onnxscript.rewriter._rewrite_rule import RewriteRule, RewriteRuleClassBase, RewriteRuleSet
 
 from hcfuse import _op
 from hcfuse.rewrite import derived_weights
 from hcfuse.rewrite._local_matcher import LocalMatcher
+from hcfuse.rewrite._onnxscript_api import (
+    AttrVar, MatchFailureError, MatchResult, RewriteRule, RewriteRuleClassBase, RewriteRuleSet,
+)
 from hcfuse.rewrite.block_check import BlockCheck, Reject, Variant
 from hcfuse.rewrite.session import CheckFailure, Fusion, FusionSession
 
@@ -97,7 +97,7 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
 
     # -- check ---------------------------------------------------------------------------------
 
-    def check(self, context, **b) -> _basics.MatchResult:
+    def check(self, context, **b) -> MatchResult:
         session = self._session or FusionSession(context.model)
         self._handoff.proof = None
         anchor = b["hn"].producer().name or "<unnamed BranchwiseRMSNorm>"
@@ -105,13 +105,13 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
             proof = BlockCheck(self.variant, context, b, session.facts).prove()
         except Reject as failure:
             session.failures.append(CheckFailure(self.name, anchor, failure.reason, failure.prologue_only))
-            return _basics.MatchResult().fail(failure.reason)
+            return MatchResult().fail(failure.reason)
         except Exception as error:  # noqa: BLE001 - optimize never raises on a model ORT runs
             reason = f"internal error while checking the block: {type(error).__name__}: {error}"
             session.failures.append(CheckFailure(self.name, anchor, reason, False))
-            return _basics.MatchResult().fail(reason)
+            return MatchResult().fail(reason)
         self._handoff.proof = (proof, session)
-        return _basics.MatchResult()
+        return MatchResult()
 
     # -- rewrite -------------------------------------------------------------------------------
 
@@ -123,7 +123,7 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
         except Exception as error:  # noqa: BLE001 - the block stays as it is, with the reason in the report
             reason = f"internal error while rewriting the block: {type(error).__name__}: {error}"
             session.failures.append(CheckFailure(self.name, m.anchor, reason, False))
-            raise _basics.MatchFailureError(reason) from error
+            raise MatchFailureError(reason) from error
 
     def _fused_node(self, op, m, session: FusionSession, b: dict):
         v = self.variant

@@ -22,11 +22,11 @@ import math
 from collections.abc import Callable
 
 import onnx_ir as ir
-from onnxscript.rewriter import _basics
-from onnxscript.rewriter._matcher import SimplePatternMatcher
-from onnxscript.rewriter._rewrite_rule import RewriteRule, RewriteRuleClassBase, RewriteRuleSet
 
 from hcfuse import _op
+from hcfuse.rewrite._onnxscript_api import (
+    MatchResult, RewriteRule, RewriteRuleClassBase, RewriteRuleSet, SimplePatternMatcher,
+)
 from hcfuse.rewrite.standard_onnx_facts import dims as declared_dims
 from hcfuse.rewrite.standard_onnx_facts import (
     FLOAT_TYPES, UnresolvedAttribute, attr, constant_array, int_list, keeps_leading, normalize_axis,
@@ -61,7 +61,7 @@ class _UncheckedRemoval(SimplePatternMatcher):
     def match(self, model, graph_or_function, node, *, verbose=0, remove_nodes=True, tracer=None):
         root = self.pattern.output_nodes[0]
         if not (root.op.matches(node.op_type) and root.domain.matches(node.domain)):
-            return _basics.MatchResult().fail(f"expected a {root.op_type} node; got {node.op_type}")
+            return MatchResult().fail(f"expected a {root.op_type} node; got {node.op_type}")
         return super().match(model, graph_or_function, node, verbose=verbose, remove_nodes=False, tracer=tracer)
 
 
@@ -94,7 +94,7 @@ class _ExpansionRule(RewriteRuleClassBase):
     def group_name(self, root: ir.Node) -> str:
         return root.name
 
-    def check(self, context, **b) -> _basics.MatchResult:
+    def check(self, context, **b) -> MatchResult:
         self._facts = None
         root = context.root
         key = self._rec.keys.get(root)
@@ -102,9 +102,9 @@ class _ExpansionRule(RewriteRuleClassBase):
             reason = "inside a model-local function or a subgraph: expansions are rewritten in the main graph only"
             group = self.group_name(root) or f"<unnamed {root.op_type}>"
             self._rec.elsewhere.setdefault(root, Candidate(self.kind, group, reason=reason))
-            return _basics.MatchResult().fail(reason)
+            return MatchResult().fail(reason)
         if self._rec.allowed is not None and key not in self._rec.allowed:
-            return _basics.MatchResult().fail("left as it is: its block does not fuse")
+            return MatchResult().fail("left as it is: its block does not fuse")
         try:
             facts = self.prove(context, b)
         except UnresolvedAttribute as e:
@@ -113,9 +113,9 @@ class _ExpansionRule(RewriteRuleClassBase):
         if reason:
             group = self.group_name(root) or f"<unnamed {root.op_type} node {key}>"
             self._rec.candidates.setdefault(key, Candidate(self.kind, group, reason=reason))
-            return _basics.MatchResult().fail(reason)
+            return MatchResult().fail(reason)
         self._facts, self._key, self._root_name = facts, key, root.name
-        return _basics.MatchResult()
+        return MatchResult()
 
     def prove(self, context, b: dict) -> dict | str:
         raise NotImplementedError
