@@ -1,9 +1,10 @@
-"""The ``hcfuse`` command: optimize, unfuse, infer-shapes, demo, lib-path.
+"""The hcfuse command: optimize, unfuse, infer-shapes, demo, lib-path.
 
-Exit codes: 0 success (zero fusions is a warning), 1 verification failed, 2 usage or I/O error (one
-line on stderr; the traceback only with --debug). Inputs are never modified; outputs are written
-atomically, model and data together (hcfuse.files.model_io). The work itself is hcfuse.files.pipeline's; this
-module parses, prints and maps exceptions to exit codes.
+Exit codes are EXIT_* below (the --help epilog lists them). An error, or an interrupt (Ctrl-C), is
+one line on stderr (the traceback only with --debug); the interrupt's line says whether the output
+was written. Inputs are never modified; outputs are written atomically, model and data together
+(hcfuse.files.model_io). The work itself is hcfuse.files.pipeline's; this module parses, prints and
+maps outcomes to exit codes.
 """
 
 from __future__ import annotations
@@ -11,18 +12,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import traceback
 
 from hcfuse import _op
-from hcfuse.files import model_io
 from hcfuse.reference import DTYPES_BY_NAME
 
-EXIT_OK, EXIT_VERIFY_FAILED, EXIT_ERROR = 0, 1, 2
+# 0: done (zero fusions is a warning); 1: --verify found the output wrong, nothing written; 2: usage or
+# I/O error; 3: written, but --verify could not run (the summary says why); 130: interrupted (Ctrl-C).
+EXIT_OK, EXIT_VERIFY_FAILED, EXIT_ERROR, EXIT_NOT_VERIFIED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_CODES = f"""exit status:
+  {EXIT_OK}    done (zero fusions is a warning)
+  {EXIT_VERIFY_FAILED}    --verify: the output differs from the input beyond the bound; nothing was written
+  {EXIT_ERROR}    usage or I/O error (one line on stderr; the traceback with --debug)
+  {EXIT_NOT_VERIFIED}    --verify could not run (e.g. an input it cannot make, bfloat16 on the CPU): the output
+       was written, not verified; the summary says why
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C); the line on stderr says whether the output was written"""
 
 OPTIMIZE_EXAMPLE = """example:
   hcfuse optimize model.onnx -o model.fused.onnx --verify --report fusion.json
+  hcfuse optimize model_dir -o fused_dir --verify --dim batch_size=1 --dim past_sequence_length=15
   (model.onnx and its data are never modified; model.fused.onnx and, for a model with external
   data, model.fused.onnx.data are replaced together, never one without the other)"""
 
@@ -66,28 +77,41 @@ def _optimize(args) -> int:
     from hcfuse.files.pipeline import optimize_file
 
     result = optimize_file(args.input, args.output, verify=args.verify, report=args.report,
-                           infer_shapes=args.infer_shapes, progress=_progress(), debug=args.debug)
+                           infer_shapes=args.infer_shapes, progress=_progress(), debug=args.debug,
+                           **_verify_dims(args))
     return _print_optimized(args, result)
+
+
+def _verify_dims(args) -> dict:
+    """optimize's verify_dims keyword, only when --dim was given."""
+    return {"verify_dims": dict(args.dim)} if getattr(args, "dim", None) else {}
 
 
 def _print_optimized(args, result) -> int:
     """optimize's summary of a hcfuse.files.pipeline.FileResult; its exit code."""
     if args.debug:
         print(json.dumps(result.fusion.to_dict(), indent=1, default=str), file=sys.stderr)
+    times = [f"{name} {result.time_s[name]:.2f} s" for name in ("fuse", "verify", "total") if name in result.time_s]
     lines = [f"hcfuse optimize: {result.input} -> {result.output}", *_summarize_report(result.fusion),
-             *_format_op_counts(result.ops_before, result.ops_after),
-             f"  time: fuse {result.time_s['fuse']:.2f} s, total {result.time_s['total']:.2f} s"]
+             *_format_op_counts(result.ops_before, result.ops_after), f"  time: {', '.join(times)}"]
     print("\n".join(lines))
     if not result.fusion.counts_by_rule():
         print(f"hcfuse: warning: no hyper-connection block was fused in {result.input}", file=sys.stderr)
-    if result.verify is not None:
-        print(result.verify.summary())
-        if result.verify.status == "unverifiable":
-            print(f"hcfuse: warning: {result.output} was not verified: {result.verify.reason}", file=sys.stderr)
-        if result.verify.status == "failed":
-            print(f"hcfuse: error: verification failed: {result.output} differs from {result.input} beyond the "
-                  "contract's bound", file=sys.stderr)
-            return EXIT_VERIFY_FAILED
+    if result.verify is None:
+        return EXIT_OK
+    from hcfuse.checking.verification import FAILED, NOT_VERIFIED
+
+    print(result.verify.summary())
+    written = " and ".join(result.files) or result.output
+    if result.verify.status == NOT_VERIFIED:
+        print(f"hcfuse optimize: NOT VERIFIED: wrote {written}, but could not verify it: {result.verify.reason}",
+              file=sys.stderr)
+        return EXIT_NOT_VERIFIED
+    if result.verify.status == FAILED:
+        kept = "not written" if not getattr(result, "committed", True) else "written"
+        print(f"hcfuse optimize: error: verification failed: {result.output} differs from {result.input} "
+              f"beyond the contract's bound; {result.output} was {kept}", file=sys.stderr)
+        return EXIT_VERIFY_FAILED
     return EXIT_OK
 
 
@@ -115,7 +139,7 @@ def _genai_folder(args, unfuse: bool = False) -> int:
         result = genai_folder.optimize_folder(args.input, args.output, copy_library=not args.link_library,
                                               verify=args.verify, report=args.report,
                                               infer_shapes=args.infer_shapes, progress=_progress(),
-                                              debug=args.debug)
+                                              debug=args.debug, **_verify_dims(args))
         code = _print_optimized(args, result.pipeline)
     print(f"hcfuse: onnxruntime-genai folder {args.input} -> {args.output}: {len(result.copied)} other file(s) "
           f"copied; {genai_folder.CONFIG_NAME} custom_ops_library: {result.custom_ops_library or '(none)'}")
@@ -152,6 +176,17 @@ def _demo(args) -> int:
         return _optimize(args)
 
 
+def _dim(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    try:
+        size = int(value)
+    except ValueError:
+        size = -1
+    if not sep or not name or size < 0:
+        raise argparse.ArgumentTypeError(f"expected NAME=SIZE with SIZE an integer >= 0; got {text!r}")
+    return name, size
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -167,8 +202,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}; {usage}\n")
 
 
+class _Version(argparse.Action):
+    """--version: hcfuse's version, onnxruntime's, and the custom-op library (looked up only when asked)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print hcfuse's and onnxruntime's versions and the "
+                         "custom-op library's path, then exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.exit(EXIT_OK, version_text() + "\n")
+
+
+def version_text() -> str:
+    import onnxruntime
+
+    import hcfuse
+    from hcfuse._library import get_library_path
+
+    try:
+        library = get_library_path()
+    except FileNotFoundError:
+        library = "kernels not built"
+    return f"hcfuse {hcfuse.__version__}\nonnxruntime {onnxruntime.__version__}\nlibrary {library}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hcfuse", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="hcfuse", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_Version)
     parser.add_argument("--debug", action="store_true", help="tracebacks and the full fusion report on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -185,8 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("optimize", _optimize, f"fuse every hyper-connection block into one {_op.OP_TYPE} node "
             "(INPUT a model file, or an onnxruntime-genai model folder and OUTPUT a folder)",
-            epilog=OPTIMIZE_EXAMPLE)
-    p.add_argument("--verify", action="store_true", help="run both models in onnxruntime and compare (ulp of T)")
+            epilog=OPTIMIZE_EXAMPLE + "\n\n" + EXIT_CODES)
+    p.add_argument("--verify", action="store_true",
+                   help="run both models in onnxruntime on the same random inputs and compare (ulp of T) before "
+                        "writing; exit 1 (nothing written) if they differ, 3 (written) if it cannot run")
+    p.add_argument("--dim", metavar="NAME=SIZE", type=_dim, action="append", default=[],
+                   help="with --verify: the size of the input dim NAME (repeatable, e.g. --dim batch_size=1 "
+                        "--dim past_sequence_length=15); dims not given follow from the graph (total = past + "
+                        "sequence) or are 3")
     p.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     p.add_argument("--infer-shapes", action="store_true", help="run symbolic shape inference after fusing")
     p.add_argument("--link-library", action="store_true",
@@ -208,13 +275,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "output", None) and getattr(args, "input", None):
-        if os.path.abspath(args.output) == os.path.abspath(args.input):
-            parser.error(f"output {args.output} is the input; write to a new path")
-    if getattr(args, "out_dir", None) and not os.path.isdir(args.out_dir):
-        parser.error(f"--out-dir {args.out_dir} is not a directory")
+    args = None
+    outputs: dict[str, tuple | None] = {}
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if getattr(args, "output", None) and getattr(args, "input", None):
+            if os.path.abspath(args.output) == os.path.abspath(args.input):
+                parser.error(f"output {args.output} is the input; write to a new path")
+        if getattr(args, "out_dir", None) and not os.path.isdir(args.out_dir):
+            parser.error(f"--out-dir {args.out_dir} is not a directory")
+        if getattr(args, "dim", None) and not args.verify:
+            parser.error("--dim sets the sizes --verify runs on; give --verify too")
+        outputs = {p: _identity(p) for p in (getattr(args, "output", None), getattr(args, "report", None)) if p}
+        return _run(args)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the line below short
+        if args is not None and args.debug:
+            traceback.print_exc()
+        command = f"hcfuse {args.command}" if args is not None else "hcfuse"
+        print(f"{command}: interrupted{_interrupted_state(outputs)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(args) -> int:
+    from hcfuse.files import model_io
+
     try:
         return args.func(args)
     except (model_io.ModelIOError, OSError, ValueError, TypeError) as e:  # OSError: FileNotFoundError too
@@ -228,3 +314,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hcfuse {args.command}: error: {type(e).__name__}: {e} (rerun with --debug for a traceback)",
               file=sys.stderr)
         return EXIT_ERROR
+
+
+def _identity(path: str) -> tuple | None:
+    """What stands at path now (None: nothing): outputs are committed by a rename, which changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _interrupted_state(outputs: dict[str, tuple | None]) -> str:
+    """'; OUT was not written (...)' for each output, from what stands at its path now."""
+    parts = []
+    for path, before in outputs.items():
+        now = _identity(path)
+        if now == before:
+            parts.append(f"{path} was not written" + (" (the previous one is unchanged)" if before else ""))
+        elif now is None:
+            parts.append(f"{path} is gone")
+        else:
+            parts.append(f"{path} was written before the interrupt")
+    return "".join(f"; {p}" for p in parts)

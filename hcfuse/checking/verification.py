@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from hcfuse.checking import feeds
 from hcfuse.files import model_io
 from hcfuse.checking._session import CPU as _CPU
 from hcfuse.checking._session import CUDA as _CUDA
@@ -36,7 +37,7 @@ from hcfuse.checking._session import inference_session
 
 # Largest accepted gap in ulp of T, per element type (float32, float16, bfloat16).
 DEFAULT_MAX_ULP = {ir.DataType.FLOAT: 512.0, ir.DataType.FLOAT16: 32.0, ir.DataType.BFLOAT16: 32.0}
-# Size given to every symbolic or unknown input dimension unless named in `dims`.
+# Size given to a symbolic input dim that neither `dims` nor the graph sizes (hcfuse.checking.feeds).
 DEFAULT_ROWS = 3
 _MANTISSA_BITS = {ir.DataType.FLOAT: 23, ir.DataType.FLOAT16: 10, ir.DataType.BFLOAT16: 7}
 _MIN_EXPONENT = {ir.DataType.FLOAT: -126, ir.DataType.FLOAT16: -14, ir.DataType.BFLOAT16: -126}
@@ -55,24 +56,31 @@ class OutputGap:
         return self.max_ulp <= self.bound
 
 
+PASSED, FAILED, NOT_VERIFIED = "passed", "failed", "not verified"
+
+
 @dataclasses.dataclass
 class VerifyResult:
-    """status: "passed", "failed" or "unverifiable" (the reason says why nothing was compared)."""
+    """status: PASSED, FAILED (the reason says why when no gap is to blame) or NOT_VERIFIED (nothing
+    was compared; the reason says why). dims: the size each symbolic input dim was given."""
 
     status: str
     provider: str | None
     outputs: list[OutputGap]
     reason: str = ""
     input_shapes: dict = dataclasses.field(default_factory=dict)
+    dims: dict = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return self.status == "passed"
+        return self.status == PASSED
 
     def summary(self) -> str:
-        if self.status == "unverifiable":
+        if self.status == NOT_VERIFIED:
             return f"verify: not verified: {self.reason}"
-        lines = [f"verify ({self.provider}, inputs {self.input_shapes}): {self.status.upper()}"]
+        sizes = ", ".join(f"{k}={v}" for k, v in self.dims.items())
+        lines = [f"verify ({self.provider}, {f'dims {sizes}' if sizes else f'inputs {self.input_shapes}'}): "
+                 f"{self.status.upper()}"]
         if self.reason:
             lines.append(f"  {self.reason}")
         for gap in self.outputs:
@@ -85,8 +93,8 @@ class VerifyResult:
         return dataclasses.asdict(self)
 
 
-class VerifyError(ValueError):
-    """onnxruntime could not load or run one of the two models; the message says which and why."""
+class _RunError(Exception):
+    """onnxruntime could not load or run a model; the message says which and why."""
 
 
 def scaled_ulp(original: np.ndarray, optimized: np.ndarray, dtype: ir.DataType | None = None) -> np.ndarray:
@@ -129,33 +137,6 @@ def _available_providers(providers: list[str] | None) -> list[str]:
     return list(providers)
 
 
-def _random_feeds(model: ir.Model, dims: dict, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Normal random values for every graph input; symbolic dims take dims[name] or rows.
-
-    A static input of rank >= 2 (a weight fed as an input) is scaled by 1/sqrt(shape[-2]) so products
-    stay of unit size, as with real weights.
-    """
-    feeds = {}
-    for value in model.graph.inputs:
-        if value.name in model.graph.initializers:
-            continue
-        if value.dtype is None or value.shape is None:
-            raise ValueError(f"verify: graph input {value.name!r} has no type or shape; cannot make random data")
-        shape = [d if isinstance(d, int) else dims.get(str(d.value) if d.value else "", rows) for d in value.shape]
-        np_dtype = value.dtype.numpy()
-        if value.dtype.is_floating_point():
-            data = rng.standard_normal(shape)
-            symbolic = any(not isinstance(d, int) for d in value.shape)
-            if not symbolic and len(shape) >= 2 and shape[-2] > 0:
-                data /= np.sqrt(shape[-2])
-        elif value.dtype == ir.DataType.BOOL:
-            data = rng.integers(0, 2, shape)
-        else:
-            data = np.zeros(shape)
-        feeds[value.name] = np.asarray(data).astype(np_dtype)  # 0-d stays 0-d
-    return feeds
-
-
 def _uses_bfloat16(model: ir.Model) -> bool:
     values = [*model.graph.inputs, *model.graph.outputs, *model.graph.initializers.values()]
     values += [out for node in model.graph for out in node.outputs]
@@ -163,7 +144,7 @@ def _uses_bfloat16(model: ir.Model) -> bool:
 
 
 def _session(path: str, provider: str, library: str):
-    # fatal only: a failure reaches the caller as one VerifyError line
+    # fatal only: a failure reaches the caller as one line of the result's reason
     # float32 MatMul on TF32 tensor cores keeps 10 mantissa bits: the contract accumulates in fp32
     providers = [(provider, {"use_tf32": "0"})] if provider == _CUDA else [provider]
     return inference_session(path, providers, library=library, log_severity=4)
@@ -193,31 +174,58 @@ def verify(
     """Compares original and optimized (ModelProto, onnx_ir.Model or a path) in onnxruntime.
 
     providers: default CUDA when onnxruntime sees it, else CPU (with hcfuse's library registered).
-    rows / dims: sizes given to symbolic input dims (dims by name, the rest rows).
+    dims: sizes of symbolic input dims by name ({"batch_size": 1, "past_sequence_length": 7}); the
+    others follow from the graph where it relates them (total = past + sequence) or are ``rows``
+    (hcfuse.checking.feeds says how sizes and input data are made).
     max_ulp: the bound, one number or per ir.DataType (a type not named keeps DEFAULT_MAX_ULP's).
-    Raises VerifyError (one line, onnxruntime's reason included) when a model cannot be loaded or run.
+    Returns NOT_VERIFIED with the reason when verification cannot run (an input no data can be made
+    for, the original model not running on the inputs, bfloat16 on the CPU, no custom-op library) and
+    FAILED when the original runs but the optimized model does not. Raises ValueError when ``dims``
+    names a dim the model does not have or sizes that contradict the graph.
     """
-    from hcfuse._library import get_library_path
-
     provider = _available_providers(providers)[0]
-    library = get_library_path()
     with tempfile.TemporaryDirectory(prefix="hcfuse-verify-") as tmp:
         orig_path = _as_path(original, tmp, "original.onnx")
         opt_path = _as_path(optimized, tmp, "optimized.onnx")
         reference = model_io.load(orig_path)
+        sizes = feeds.resolve_dims(reference, dims, rows)
+
+        def not_verified(reason: str, inputs: dict | None = None) -> VerifyResult:
+            return VerifyResult(NOT_VERIFIED, provider, [], reason=reason, input_shapes=inputs or {}, dims=sizes)
+
         if provider == _CPU and _uses_bfloat16(reference):
-            return VerifyResult(
-                "unverifiable", provider, [],
-                reason="the model computes in bfloat16 and onnxruntime's CPU provider has no bfloat16 "
-                       "MatMul/Sigmoid/Div/Mul for the stock chain; verify on CUDA (onnxruntime-gpu)",
-            )
-        feeds = _random_feeds(reference, dims or {}, rows, np.random.default_rng(seed))
-        expected = _run("original", orig_path, provider, library, feeds)
-        actual = _run("optimized", opt_path, provider, library, feeds)
-    return _compare(expected, actual, reference, provider, feeds, max_ulp)
+            return not_verified("the model computes in bfloat16 and onnxruntime's CPU provider has no bfloat16 "
+                                "MatMul/Sigmoid/Div/Mul for the stock chain; verify on CUDA (onnxruntime-gpu)")
+        library = _library()
+        if library is None:
+            return not_verified("hcfuse's custom-op library is not built, so the optimized model cannot run")
+        try:
+            data = feeds.make_feeds(reference, sizes, rows, np.random.default_rng(seed))
+        except feeds.NotFeedable as e:
+            return not_verified(str(e))
+        shapes = {k: list(v.shape) for k, v in data.items()}
+        try:
+            expected = _run("original", orig_path, provider, library, data)
+        except _RunError as e:
+            return not_verified(f"{e}; set the inputs' sizes with dims (hcfuse optimize --dim NAME=VALUE)", shapes)
+        try:
+            actual = _run("optimized", opt_path, provider, library, data)
+        except _RunError as e:
+            return VerifyResult(FAILED, provider, [], reason=f"the original model runs but {e}", input_shapes=shapes,
+                                dims=sizes)
+    return _compare(expected, actual, reference, provider, shapes, sizes, max_ulp)
 
 
-def _run(which: str, path: str, provider: str, library: str, feeds: dict) -> dict[str, np.ndarray]:
+def _library() -> str | None:
+    from hcfuse._library import get_library_path
+
+    try:
+        return get_library_path()
+    except FileNotFoundError:
+        return None
+
+
+def _run(which: str, path: str, provider: str, library: str, data: dict) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
     from hcfuse.checking._ort_io import run_bound  # bfloat16 in and out as raw bits (ORT's numpy API refuses it)
@@ -225,21 +233,21 @@ def _run(which: str, path: str, provider: str, library: str, feeds: dict) -> dic
     run_options = ort.RunOptions()
     run_options.log_severity_level = 4  # onnxruntime's own log line would repeat the error below
     try:
-        return run_bound(_session(path, provider, library), feeds, run_options=run_options)
+        return run_bound(_session(path, provider, library), data, run_options=run_options)
     except Exception as e:  # onnxruntime's Fail/InvalidArgument/RuntimeException... carry the reason
-        shapes = {k: list(v.shape) for k, v in feeds.items()}
-        raise VerifyError(f"verify: onnxruntime ({provider}) could not run the {which} model {path} on inputs "
-                          f"{shapes}: {' '.join(str(e).split())}") from e
+        shapes = {k: list(v.shape) for k, v in data.items()}
+        raise _RunError(f"onnxruntime ({provider}) could not run the {which} model on inputs {shapes}: "
+                        f"{' '.join(str(e).split())}") from e
 
 
-def _compare(expected, actual, reference: ir.Model, provider, feeds, max_ulp) -> VerifyResult:
+def _compare(expected, actual, reference: ir.Model, provider, shapes, sizes, max_ulp) -> VerifyResult:
     gaps = []
     for out in reference.graph.outputs:
         a, b = expected[out.name], actual.get(out.name)
         if b is None or b.shape != a.shape or b.dtype != a.dtype:
             found = "missing" if b is None else f"{b.dtype}{list(b.shape)}"
             reason = f"output {out.name!r}: expected {a.dtype}{list(a.shape)}, optimized gives {found}"
-            return VerifyResult("failed", provider, gaps, reason=reason)
+            return VerifyResult(FAILED, provider, gaps, reason=reason, input_shapes=shapes, dims=sizes)
         dtype = ir.DataType.from_numpy(a.dtype)
         if dtype in _MANTISSA_BITS:
             bound = max_ulp if isinstance(max_ulp, (int, float)) else {**DEFAULT_MAX_ULP, **(max_ulp or {})}[dtype]
@@ -247,6 +255,5 @@ def _compare(expected, actual, reference: ir.Model, provider, feeds, max_ulp) ->
         else:
             bound, gap = 0.0, float(0 if np.array_equal(a, b) else np.inf)
         gaps.append(OutputGap(out.name, dtype.name, a.shape, gap, float(bound)))
-    status = "passed" if all(g.ok for g in gaps) else "failed"
-    shapes = {k: list(v.shape) for k, v in feeds.items()}
-    return VerifyResult(status, provider, gaps, input_shapes=shapes)
+    status = PASSED if all(g.ok for g in gaps) else FAILED
+    return VerifyResult(status, provider, gaps, input_shapes=shapes, dims=sizes)

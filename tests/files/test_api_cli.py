@@ -19,7 +19,7 @@ import hcfuse
 from hcfuse import _op
 from hcfuse.files import model_io
 from hcfuse.checking import verification
-from hcfuse.cli import EXIT_ERROR, EXIT_OK, EXIT_VERIFY_FAILED, main
+from hcfuse.cli import EXIT_ERROR, EXIT_NOT_VERIFIED, EXIT_OK, EXIT_VERIFY_FAILED, main
 from hcfuse.models.qwen_decode import make_decode_model, save_decode_model
 
 C, H, R = 4, 16, 8
@@ -140,10 +140,10 @@ def test_verify_fails_on_a_changed_weight(hcfuse_lib):
     assert "FAIL" in result.summary()
 
 
-def test_verify_bfloat16_on_cpu_is_unverifiable(hcfuse_lib):
+def test_verify_bfloat16_on_cpu_is_not_verified(hcfuse_lib):
     original = small(2, dtype=ml_dtypes.bfloat16)
     result = hcfuse.verify(original, hcfuse.optimize(original), providers=["CPUExecutionProvider"])
-    assert result.status == "unverifiable"
+    assert result.status == verification.NOT_VERIFIED
     assert "bfloat16" in result.reason and "CUDA" in result.reason
 
 
@@ -391,14 +391,19 @@ def test_cli_refuses_overwriting_the_inputs_data(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "b.onnx")
 
 
-def test_cli_verify_bfloat16_on_cpu_warns(tmp_path, capsys, hcfuse_lib):
-    src = str(tmp_path / "bf16.onnx")
+def test_cli_verify_bfloat16_on_cpu_is_not_verified(tmp_path, capsys, hcfuse_lib):
+    """A --verify that cannot run exits with its own status and says what was written and why."""
+    src, dst = str(tmp_path / "bf16.onnx"), str(tmp_path / "o.onnx")
     onnx.save(small(2, dtype=ml_dtypes.bfloat16), src)
-    code, out, err = run_cli(capsys, "optimize", src, "-o", str(tmp_path / "o.onnx"), "--verify")
+    code, out, err = run_cli(capsys, "optimize", src, "-o", dst, "--verify")
     if "CUDAExecutionProvider" in ort.get_available_providers():
         assert code == EXIT_OK and "PASSED" in out, out + err
     else:
-        assert code == EXIT_OK and "not verified" in out and "warning:" in err and "bfloat16" in err
+        assert code == EXIT_NOT_VERIFIED and code not in (EXIT_OK, EXIT_VERIFY_FAILED, EXIT_ERROR)
+        assert "not verified" in out
+        [line] = err.strip().splitlines()
+        assert f"NOT VERIFIED: wrote {dst}" in line and "bfloat16" in line
+        assert count(onnx.load(dst), _op.OP_TYPE) == 2
 
 
 def test_cli_summary_names_rejected_blocks(tmp_path, capsys):
