@@ -29,7 +29,6 @@ from onnx.shape_inference import InferenceError
 from onnxruntime.tools import symbolic_shape_infer as _ssi_module
 from onnxruntime.tools.symbolic_shape_infer import (
     SymbolicShapeInference,
-    get_attribute,
     get_opset,
     get_shape_from_sympy_shape,
     get_shape_from_value_info,
@@ -90,9 +89,18 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
     checked only where they are literals; a contradiction raises ValueError naming the node.
     """
     where = f"{OP_TYPE} node {node.name or node.output[0]!r}"
-    c = get_attribute(node, "num_branches")
-    if c is None or c <= 0:
-        raise ValueError(f"{where}: num_branches must be a positive int; got {c}")
+    attr = next((a for a in node.attribute if a.name == "num_branches"), None)
+    if attr is None:
+        raise ValueError(f"{where}: required attribute num_branches is missing")
+    if attr.type != onnx.AttributeProto.INT:
+        raise ValueError(f"{where}: num_branches must be an INT attribute; got a "
+                         f"{onnx.AttributeProto.AttributeType.Name(attr.type)} attribute")
+    c = attr.i
+    if c <= 0:
+        raise ValueError(f"{where}: num_branches must be > 0; got {c}")
+    for what, count, names in (("outputs", len(node.output), OUTPUTS), ("inputs", len(node.input), INPUTS)):
+        if count > len(names):
+            raise ValueError(f"{where}: has {count} {what}; the op has at most {len(names)} ({', '.join(names)})")
     names = [_input_name(node, i) for i in range(len(INPUTS))]
     missing = [INPUTS[i] for i in range(NUM_REQUIRED_INPUTS) if not names[i]]
     if missing:

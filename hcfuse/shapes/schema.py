@@ -213,9 +213,18 @@ def _infer(ctx) -> None:
     attr = ctx.get_attribute("num_branches")
     if attr is None:
         raise InferenceError(f"{where}: required attribute num_branches is missing")
+    if attr.type != onnx.AttributeProto.INT:
+        raise InferenceError(f"{where}: num_branches must be an INT attribute; got a "
+                             f"{onnx.AttributeProto.AttributeType.Name(attr.type)} attribute")
     c = attr.i
     if c <= 0:
         raise InferenceError(f"{where}: num_branches must be > 0; got {c}")
+    if ctx.get_num_outputs() > len(OUTPUTS):
+        raise InferenceError(f"{where}: has {ctx.get_num_outputs()} outputs; the op has at most {len(OUTPUTS)} "
+                             f"({', '.join(OUTPUTS)})")
+    if ctx.get_num_inputs() > len(INPUTS):
+        raise InferenceError(f"{where}: has {ctx.get_num_inputs()} inputs; the op has at most {len(INPUTS)} "
+                             f"({', '.join(INPUTS)})")
 
     n_in = ctx.get_num_inputs()
     present = [i for i in range(n_in) if ctx.has_input(i)]

@@ -222,6 +222,11 @@ def _break(model: onnx.ModelProto, case: str) -> onnx.ModelProto:
     node = model.graph.node[0]
     if case == "num_branches":
         node.attribute[0].i = 0
+    elif case in ("num_branches_float", "num_branches_string"):
+        value = 2.0 if case == "num_branches_float" else "2"
+        node.attribute[0].CopyFrom(helper.make_attribute("num_branches", value))
+    elif case == "four_outputs":
+        node.output.append("extra")
     elif case == "width":  # C = 3 everywhere C shows, so the width is the only contradiction
         node.attribute[0].i = 3
         model.graph.initializer[3].CopyFrom(helper.make_tensor("inject_weight", F32, [16, 3], [0.0] * 48))
@@ -245,7 +250,10 @@ def _break(model: onnx.ModelProto, case: str) -> onnx.ModelProto:
 
 # case -> (message from our ONNX schema, which ORT's single-node pass runs first; message from the handler)
 _ERRORS = {
-    "num_branches": (r"num_branches must be > 0; got 0", r"num_branches must be a positive int; got 0"),
+    "num_branches": (r"num_branches must be > 0; got 0", r"num_branches must be > 0; got 0"),
+    "num_branches_float": (r"num_branches must be an INT attribute; got a FLOAT attribute",) * 2,
+    "num_branches_string": (r"num_branches must be an INT attribute; got a STRING attribute",) * 2,
+    "four_outputs": (r"has 4 outputs; the op has at most 3 \(pre_output, post_gate, streams_out\)",) * 2,
     "width": (r"width C\*H = 16 \(streams\[-1\]\) is not divisible by num_branches = 3", r"streams width C\*H = 16 is not divisible by num_branches = 3"),
     "down_weight": (r"down_weight\[0\] = 10 but streams\[-1\] = 16", r"down_weight must be \(C\*H, R\) = \(16, 4\); got \(10, 4\)"),
     "up_weight": (r"up_weight\[0\] = 5 but down_weight\[1\] = 4; both must be R", r"up_weight must be \(R, C\*H\) = \(4, 16\); got \(5, 16\)"),
