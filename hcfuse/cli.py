@@ -210,7 +210,8 @@ class _Version(argparse.Action):
                          "custom-op library's path, then exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.exit(EXIT_OK, version_text() + "\n")
+        print(version_text())
+        parser.exit(EXIT_OK)
 
 
 def version_text() -> str:
