@@ -1,4 +1,4 @@
-"""Single source of truth for com.microsoft::HyperConnectionLowRankMix (see SPEC.md).
+"""Single source of truth for com.microsoft::HyperConnectionLowRankMix (see docs/NUMERICS.md).
 
 Schema, symbolic-shape handler, rewrite rules, model builders, kernels' tests and the CLI
 import names from here; nothing else spells them.

@@ -1,7 +1,7 @@
-"""NumPy reference of com.microsoft::HyperConnectionLowRankMix (SPEC.md, "Numerics contract").
+"""NumPy reference of com.microsoft::HyperConnectionLowRankMix (docs/NUMERICS.md, "The contract").
 
 Every kernel test compares against this. All arithmetic is fp32; each step is rounded once to the
-element type T exactly where SPEC.md says (S, hn, down, Z, SG, hidden, up, g, pre_output, inject,
+element type T exactly where docs/NUMERICS.md says (S, hn, down, Z, SG, hidden, up, g, pre_output, inject,
 post_gate). Accumulation order is fixed and spelled out, so a kernel that follows it can match
 bit for bit:
 
@@ -154,7 +154,7 @@ def hc_lowrank_mix(
 
 
 def hc_lowrank_mix_steps(*args, **kwargs) -> dict[str, np.ndarray]:
-    """Every rounding point of the contract, keyed by SPEC's name (S, hn, down, Z, SG, hidden, up, g,
+    """Every rounding point of the contract, keyed by docs/NUMERICS.md's name (S, hn, down, Z, SG, hidden, up, g,
     pre_output, inject, post_gate), as arrays of dtype T shaped (..., last dim of the step).
     Takes hc_lowrank_mix's arguments."""
     bound = inspect.signature(hc_lowrank_mix).bind(*args, **kwargs)

@@ -1,5 +1,5 @@
 """onnxruntime IO binding that handles bfloat16: its Python API has no bfloat16 numpy type, so
-bfloat16 travels as uint16 bits (SPEC.md, "Practical notes")."""
+bfloat16 travels as uint16 bits (docs/NUMERICS.md, "bfloat16 in onnxruntime's Python API")."""
 
 from __future__ import annotations
 

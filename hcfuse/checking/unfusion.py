@@ -1,4 +1,4 @@
-"""Expands every HyperConnectionLowRankMix node back into the stock contrib-op chain (SPEC.md).
+"""Expands every HyperConnectionLowRankMix node back into the stock contrib-op chain (docs/NUMERICS.md).
 
 The result runs on an onnxruntime without hcfuse's library:
 

@@ -5,7 +5,7 @@ the output's element type T, measured at max(|original|, |optimized|, RMS of the
 at an element's own magnitude, but never finer than the output's typical magnitude, so a value that
 cancels to near zero (pre_output sums C products) is not judged by the spacing of tiny numbers.
 
-The bound (DEFAULT_MAX_ULP) follows SPEC.md's contract. The fused op rounds to T at the same points
+The bound (DEFAULT_MAX_ULP) follows docs/NUMERICS.md's contract. The fused op rounds to T at the same points
 as the stock chain, so a single block differs only where accumulation order or the sigmoid flips a
 rounding: 1 ulp of a step, a few ulp of the outputs after it (measured on CPU: at most 3 ulp in
 float16, 23 ulp in float32 at the full Qwen size, where the stock MatMul and Sigmoid are themselves

@@ -1,6 +1,6 @@
 """Fusion of the stock hyper-connection chain into com.microsoft.HyperConnectionLowRankMix.
 
-One rule per variant of the block (SPEC.md):
+One rule per variant of the block (docs/NUMERICS.md):
 
     S    = HyperConnectionPostMix(streams, prev_block_output, prev_post_gate)   (prologue, optional)
     hn   = BranchwiseRMSNorm(S, norm_scale)
