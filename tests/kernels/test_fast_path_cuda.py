@@ -1,9 +1,12 @@
-"""The fused CUDA fast path (kernels/src/cuda/hc_fast_path.cu), pinned with HCFUSE_FORCE_PATH=fast.
+"""The fused CUDA fast path (kernels/src/cuda/fast/hc_fast_path.cu), pinned with HCFUSE_FORCE_PATH=fast.
 
-Against hcfuse.reference on the real bf16/fp16 shape and on small shapes the fast path supports,
-with constant weights (initializers: weights read before the PDL wait) and weights fed as graph
+Against hcfuse.reference on the real bf16/fp16 shape (the real shape's kernels, stage 1's down weights in
+registers) and on small shapes the fast path supports (the generic kernels, a shared-memory weight
+tile), with constant weights (initializers: weights read before the PDL wait) and weights fed as graph
 inputs (read after it); bitwise determinism, row independence across row-chunk sizes, agreement with
-the general path, and a chain of fused nodes under CUDA graph replay equal to eager execution.
+the general path, and a chain of fused nodes under CUDA graph replay equal to eager execution. The
+HCFUSE_FAST_* switches exist only in a library built with HCFUSE_DEV_KNOBS: their tests run there, and
+a default build is checked to ignore them.
 
 Bounds (stated, in T): streams_out exact; post_gate within 2 ulp of the reference; pre_output within
 2 ulp measured at the scale of its terms, reduction_scale * sum_c |hn_c| (pre_output sums C terms
@@ -94,7 +97,7 @@ def _check_against_reference(got, ref, what):
 
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 16, 33, 64])
-@pytest.mark.parametrize("prologue", [False, True], ids=["plain", "prologue"])
+@pytest.mark.parametrize("prologue", [False, True], ids=["no-prologue", "prologue"])
 def test_real_shape_matches_reference(fast_session, rng, dtype, rows, prologue):
     model, weights, feeds = _case(**QWEN, dtype=dtype, rows=rows, prologue=prologue, rng=rng)
     got = run_bound(fast_session(model), feeds, device="cuda")
@@ -105,20 +108,22 @@ def test_real_shape_matches_reference(fast_session, rng, dtype, rows, prologue):
 
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("rows", [1, 5])
-@pytest.mark.parametrize("reg_weights", ["0", "1"], ids=["tile", "registers"])
-def test_weights_from_the_graph(fast_session, rng, monkeypatch, dtype, rows, reg_weights):
-    """Weights as graph inputs (not constant): the kernels read them only after the PDL wait, into a
-    shared-memory tile or (HCFUSE_FAST_REG_WEIGHTS=1) registers."""
-    monkeypatch.setenv("HCFUSE_FAST_REG_WEIGHTS", reg_weights)
-    model, weights, feeds = _case(**QWEN, dtype=dtype, rows=rows, prologue=True, rng=rng, constant_weights=False)
+@pytest.mark.parametrize("shape", [QWEN, dict(C=4, H=1024, R=64)], ids=["registers", "tile"])
+def test_weights_from_the_graph(fast_session, rng, dtype, rows, shape):
+    """Weights as graph inputs (not constant): the kernels read them only after the PDL wait, into
+    registers (the real shape's stage 1) or a shared-memory tile (the generic kernels)."""
+    model, weights, feeds = _case(**shape, dtype=dtype, rows=rows, prologue=True, rng=rng, constant_weights=False)
     got = run_bound(fast_session(model), feeds, device="cuda")
-    _check_against_reference(got, _reference(feeds, weights, QWEN["C"]), f"graph-input weights rows={rows}")
+    _check_against_reference(got, _reference(feeds, weights, shape["C"]), f"graph-input weights rows={rows}")
 
 
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("C,H,R", [(4, 64, 8), (8, 32, 16), (4, 256, 512), (4, 1024, 64)])
-@pytest.mark.parametrize("rows", [1, 7])
-def test_small_shapes_match_reference(fast_session, rng, C, H, R, rows):
-    model, weights, feeds = _case(C, H, R, BF16, rows, True, rng)
+@pytest.mark.parametrize("rows", [1, 7, 33])
+@pytest.mark.parametrize("prologue", [False, True], ids=["no-prologue", "prologue"])
+def test_small_shapes_match_reference(fast_session, rng, dtype, C, H, R, rows, prologue):
+    """The generic kernels (stage 1's weights in a shared-memory tile), one pass and several."""
+    model, weights, feeds = _case(C, H, R, dtype, rows, prologue, rng)
     got = run_bound(fast_session(model), feeds, device="cuda")
     _check_against_reference(got, _reference(feeds, weights, C), f"C={C} H={H} R={R} rows={rows}")
 
@@ -183,6 +188,55 @@ def test_chain_under_cuda_graph(fast_session, rng, rows):
                              bound=8 * ULP_BOUND, min_exact=0.5)
 
 
+# ---- the HCFUSE_FAST_* switches (HcFastTuning): a library built with HCFUSE_DEV_KNOBS reads them
+
+
+@pytest.fixture(scope="module")
+def dev_knobs(hcfuse_lib) -> bool:
+    """Whether the library reads the switches: it refuses an invalid HCFUSE_FAST_AHEAD only then."""
+    model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=np.random.default_rng(0))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HCFUSE_FAST_AHEAD", "-1")
+        try:
+            cuda_session(model, hcfuse_lib, "fast", patch)
+        except Exception as e:  # onnxruntime's error type for a failed kernel creation
+            assert "HCFUSE_FAST_AHEAD must be an integer >= 0" in str(e), e
+            return True
+    return False
+
+
+@pytest.fixture
+def needs_dev_knobs(dev_knobs):
+    if not dev_knobs:
+        pytest.skip("the library was built without HCFUSE_DEV_KNOBS (it reads no HCFUSE_FAST_* switch)")
+
+
+# Every variable an earlier library read besides HCFUSE_FORCE_PATH and HCFUSE_DEBUG, at a value other than
+# its default (invalid ones included).
+FORMER_SWITCHES = {
+    "HCFUSE_FAST_SS_LOCAL_ROWS": "64", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS": "64", "HCFUSE_FAST_CLUSTER": "4",
+    "HCFUSE_FAST_DESIGN": "plain", "HCFUSE_FAST_BULK": "0", "HCFUSE_FAST_BATCH": "0",
+    "HCFUSE_FAST_REG_WEIGHTS": "0", "HCFUSE_FAST_REAL_SHAPE": "0", "HCFUSE_FAST_AHEAD": "-1",
+    "HCFUSE_FAST_STAGE2_CTAS": "80", "HCFUSE_UP_GATE": "yes",
+}
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("path,rows", [("fast", 1), ("fast", 16), ("fast", 33), ("general", 4), ("general", 300)])
+def test_default_build_ignores_every_switch(fast_session, rng, monkeypatch, dev_knobs, dtype, path, rows):
+    """A library built without HCFUSE_DEV_KNOBS gives the same bits whatever the switches say."""
+    if dev_knobs:
+        pytest.skip("the library was built with HCFUSE_DEV_KNOBS")
+    model, _, feeds = _case(**QWEN, dtype=dtype, rows=rows, prologue=True, rng=rng)
+    default = run_bound(fast_session(model, path), feeds, device="cuda")
+    for name, value in FORMER_SWITCHES.items():
+        monkeypatch.setenv(name, value)
+    switched = run_bound(fast_session(model, path), feeds, device="cuda")
+    for name in default:
+        assert_bitwise_equal(switched[name], default[name], f"{path} rows={rows} {name}: switches set vs unset")
+
+
+@pytest.mark.usefixtures("needs_dev_knobs")
 @pytest.mark.parametrize("rows", [1, 3, 16, 33])
 def test_work_split_never_changes_a_result(fast_session, rng, monkeypatch, rows):
     """The tuning knobs move work between cluster ranks (local sums of squares and hidden values, or
@@ -195,18 +249,6 @@ def test_work_split_never_changes_a_result(fast_session, rng, monkeypatch, rows)
         results.append(run_bound(fast_session(model), feeds, device="cuda"))
     for name in results[0]:
         assert_bitwise_equal(results[1][name], results[0][name], f"rows={rows} {name}: shared vs local split")
-
-
-@pytest.mark.parametrize("cluster", ["4", "8"])
-@pytest.mark.parametrize("rows", [1, 16, 20])
-def test_both_cluster_sizes_match_reference(fast_session, rng, monkeypatch, cluster, rows):
-    """HCFUSE_FAST_CLUSTER (benchmarks) regroups stage 1's partial sums: both sizes keep the bound."""
-    if compute_capability()[0] != 9:
-        pytest.skip("thread-block clusters are used on sm_90 only")
-    monkeypatch.setenv("HCFUSE_FAST_CLUSTER", cluster)
-    model, weights, feeds = _case(**QWEN, dtype=BF16, rows=rows, prologue=True, rng=rng)
-    got = run_bound(fast_session(model), feeds, device="cuda")
-    _check_against_reference(got, _reference(feeds, weights, QWEN["C"]), f"cluster={cluster} rows={rows}")
 
 
 # Shapes and row counts of the same-bits tests: one pass, several passes (33 rows), small shapes.
@@ -229,49 +271,19 @@ def _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prolog
     _check_against_reference(results[other], _reference(feeds, weights, shape["C"]), f"{env_name}={other} rows={rows}")
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@SAME_BITS_CASES
-def test_plain_and_cluster_designs_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows):
-    """The plain design (no clusters; hc_fast_plain.cu) sums every value in the cluster design's order,
-    so HCFUSE_FAST_DESIGN=plain and =cluster agree bit for bit (the automatic choice switches between
-    them by row count without breaking row independence)."""
-    if compute_capability()[0] != 9:
-        pytest.skip("the plain design runs on sm_90 only")
-    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_DESIGN", "cluster", "plain")
-
-
+@pytest.mark.usefixtures("needs_dev_knobs")
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @SAME_BITS_CASES
 @pytest.mark.parametrize("prologue", [True, False], ids=["prologue", "no-prologue"])
-def test_batched_stage1_gives_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, prologue):
-    """HCFUSE_FAST_BATCH=1 (the default; 0 the unbatched kernel) only reorders stage 1's loads and stores (stream loads of a part in one batch,
-    streams_out / hn_out after the last cluster barrier), so every output equals the default's bit for
-    bit, at one pass and several (33 rows), with and without the prologue."""
-    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, "HCFUSE_FAST_BATCH", "0", "1")
+def test_real_shape_kernels_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, prologue):
+    """The real shape's kernels (its tiling as compile-time constants, RealShapeDims in hc_fast_path.cu,
+    stage 1's down weights in registers) sum every value in the generic kernels' order (DownWeightRegs:
+    WarpMma's k steps), so HCFUSE_FAST_REAL_SHAPE=1 (the default) and =0 agree bit for bit; for the small
+    shapes both settings run the generic kernels."""
+    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, "HCFUSE_FAST_REAL_SHAPE", "0", "1")
 
 
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@SAME_BITS_CASES
-@pytest.mark.parametrize("prologue", [True, False], ids=["prologue", "no-prologue"])
-def test_register_weights_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, prologue):
-    """HCFUSE_FAST_REG_WEIGHTS=1 / 0 puts the real shape's stage 1 down weights in registers (DownWeightRegs) at
-    every row count / at none (the default: registers). Both sum every column over the same k steps in the same
-    order as the shared-memory tile's WarpMma, so every output is bit for bit the same, at one pass and several;
-    the small shapes run the generic kernels either way."""
-    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, prologue, "HCFUSE_FAST_REG_WEIGHTS", "0", "1")
-
-
-@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
-@SAME_BITS_CASES
-@pytest.mark.parametrize("batch", ["1", "0"], ids=["batched", "unbatched"])
-def test_real_shape_kernels_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows, batch):
-    """The real shape's kernels (its tiling as compile-time constants, RealShapeDims in hc_fast_path.cu)
-    run the generic kernels' arithmetic, so HCFUSE_FAST_REAL_SHAPE=1 (the default) and =0 agree bit for
-    bit; for the small shapes both settings run the generic kernels."""
-    monkeypatch.setenv("HCFUSE_FAST_BATCH", batch)
-    _assert_same_bits(fast_session, monkeypatch, rng, shape, dtype, rows, True, "HCFUSE_FAST_REAL_SHAPE", "0", "1")
-
-
+@pytest.mark.usefixtures("needs_dev_knobs")
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("rows", [1, 16])
 def test_kernels_ahead_gives_the_same_bits(fast_session, rng, monkeypatch, dtype, rows):
@@ -280,6 +292,7 @@ def test_kernels_ahead_gives_the_same_bits(fast_session, rng, monkeypatch, dtype
     _assert_same_bits(fast_session, monkeypatch, rng, QWEN, dtype, rows, True, "HCFUSE_FAST_AHEAD", "0", "1")
 
 
+@pytest.mark.usefixtures("needs_dev_knobs")
 @pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
 @SAME_BITS_CASES
 def test_fewer_stage2_ctas_give_the_same_bits(fast_session, rng, monkeypatch, dtype, shape, rows):
@@ -294,10 +307,8 @@ def test_fewer_stage2_ctas_give_the_same_bits(fast_session, rng, monkeypatch, dt
     ("HCFUSE_FAST_STAGE2_CTAS", "-8", "HCFUSE_FAST_STAGE2_CTAS must be an integer >= 0"),
     ("HCFUSE_FAST_AHEAD", "-1", "HCFUSE_FAST_AHEAD must be an integer >= 0"),
     ("HCFUSE_FAST_REAL_SHAPE", "2", "HCFUSE_FAST_REAL_SHAPE must be 0 or 1"),
-    ("HCFUSE_FAST_BATCH", "yes", "HCFUSE_FAST_BATCH must be 0 or 1"),
-    ("HCFUSE_FAST_REG_WEIGHTS", "on", "HCFUSE_FAST_REG_WEIGHTS must be 0 or 1"),
-    ("HCFUSE_FAST_DESIGN", "fastest", "HCFUSE_FAST_DESIGN must be 'auto', 'cluster' or 'plain'"),
 ])
+@pytest.mark.usefixtures("needs_dev_knobs")
 def test_bad_tuning_value_is_a_clear_error(fast_session, rng, monkeypatch, name, value, message):
     model, _, _ = _case(**QWEN, dtype=BF16, rows=1, prologue=False, rng=rng)
     monkeypatch.setenv(name, value)

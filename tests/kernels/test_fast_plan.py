@@ -1,7 +1,8 @@
-"""The CUDA fast path's plan (kernels/src/cuda/hc_fast_plan.{h,cc}) checked on the host, no GPU needed.
+"""The CUDA fast path's plan (kernels/src/cuda/fast/hc_fast_plan.{h,cc}) checked on the host, no GPU needed.
 
-HcFastPlanFor is the one place that decides whether the fast path runs a call and how (design, cluster
-size, the kernels' tiling, grids, shared memory, scratch); the CUDA glue launches from its result. Here
+HcFastPlanFor is the one place that decides whether the fast path runs a call and how (cluster size,
+the real shape's kernels or the generic ones, the kernels' tiling, grids, shared memory, scratch); the
+CUDA glue launches from its result. Here
 the planner is compiled with the system C++ compiler together with tests/kernels/cpp/fast_plan_probe.cc, which
 prints one plan as JSON. The expected figures for the real shape (C=4, H=2560, R=320) are worked out
 by hand from the layouts the header documents (comments below).
@@ -17,7 +18,7 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PLANNER = ROOT / "kernels" / "src" / "cuda" / "hc_fast_plan.cc"
+PLANNER = ROOT / "kernels" / "src" / "cuda" / "fast" / "hc_fast_plan.cc"
 PROBE = pathlib.Path(__file__).resolve().parent / "cpp" / "fast_plan_probe.cc"
 MAX_AUTO_ROWS = 16
 
@@ -69,10 +70,11 @@ def stage2_bytes(rt: int) -> int:
 
 @pytest.mark.parametrize("prologue", [False, True])
 @pytest.mark.parametrize("rows", [1, 2, 4, 8, 16])
-def test_real_shape_decode_rows_take_the_cluster_design(plan, rows, prologue):
+def test_real_shape_decode_rows_take_the_real_shape_kernels(plan, rows, prologue):
     p = plan(rows=rows, prologue=int(prologue))
     assert p["ok"] and p["reason"] == "", p
-    assert (p["design"], p["cluster"], p["use_pdl"]) == ("cluster", 8, True)
+    # clusters of 8 and the real shape's kernels (stage 1's down weights in registers) at every row count
+    assert (p["cluster"], p["use_pdl"], p["real_shape_kernels"]) == (8, True, True)
     assert (p["stage1_ctas"], p["stage2_ctas"]) == (128, 160)
     assert p["stage1_shared_bytes"] == stage1_bytes(rows)
     assert p["stage2_shared_bytes"] == stage2_bytes(rows)
@@ -80,14 +82,12 @@ def test_real_shape_decode_rows_take_the_cluster_design(plan, rows, prologue):
     d = p["dims"]
     assert (d["rows"], d["rt"], d["cpb"], d["ks"], d["hs"], d["piece"]) == (rows, rows, 32, 80, 16, 8)
     assert (d["groups"], d["g4"], d["per1"], d["per2"], d["has_prologue"]) == (16, 16, 48, 40, prologue)
-    # stage 1's down weights in registers at every row count (HcFastTuning::reg_weights_min_rows is 1)
-    assert d["reg_weights"] is True
     # scratch: fp32 partials [rows][R + C][16 groups], then hn [rows][C * H] in 2-byte elements
     partials = align256(rows * 324 * 16 * 4)
-    assert p["scratch"] == {"partials": 0, "inject": 0, "hn": partials, "total": partials + rows * 10240 * 2}
+    assert p["scratch"] == {"partials": 0, "hn": partials, "total": partials + rows * 10240 * 2}
 
 
-# HcFastTuning::stage2_max_ctas (HCFUSE_FAST_STAGE2_CTAS): the largest valid stage 2 CTA count up to it.
+# HcFastTuning::stage2_max_ctas: the largest valid stage 2 CTA count up to it.
 # 80 CTAs of 32 features: C*32 = 128 columns, stride 136; tile 320 x 136 x 2 = 87040 (over the default
 # 64 KiB, within the tuned 128 KiB): tile + A 2*rt*328 + hn 2*rt*128 + g 4*rt*128 + mbarrier 8
 # = 87048 + 1424 * rt. The real shape's constant-tiling kernels are for 160 CTAs: the generic ones run.
@@ -162,14 +162,14 @@ def test_a_reason_that_applies_is_reported_before_the_row_limit(plan):
 @pytest.mark.parametrize("sm", [80, 86, 89, 100, 120])
 def test_other_devices_run_without_clusters_or_pdl(plan, sm):
     """Only sm_90 runs the sm_90 code (clusters, PDL); any other device takes the sm_80 configuration."""
-    p = plan(sm=sm, rows=4, cluster=4)  # the cluster request is for sm_90 only
+    p = plan(sm=sm, rows=4)
     assert p["ok"], p
-    assert (p["cluster"], p["use_pdl"], p["design"]) == (1, False, "cluster")
+    # no clusters, so not the real shape's kernels (compiled for clusters of 8): the generic ones
+    assert (p["cluster"], p["use_pdl"], p["real_shape_kernels"]) == (1, False, False)
     d = p["dims"]
     # every stage 1 CTA is its own group and sums all squares and all hidden values itself
     assert (d["cpb"], d["groups"], d["per1"], d["ss_local"], d["ss_parts"], d["hidden_local"]) == (
         32, 128, 328, True, 8, True)
-    assert plan(sm=sm, design="plain")["design"] == "cluster"  # the plain design needs sm_90
 
 
 # ---- the tuning knobs (HcFastTuning), each as hc_fast_plan.h documents it
@@ -184,45 +184,6 @@ def test_sums_of_squares_local_up_to_ss_local_rows(plan):
 def test_hidden_values_local_up_to_hidden_local_rows(plan):
     assert plan(rows=1)["dims"]["hidden_local"] is False  # default: never
     assert [plan(rows=r, hidden_local=16, forced=1)["dims"]["hidden_local"] for r in (16, 17)] == [True, False]
-
-
-def test_cluster_size_regroups_stage_1(plan):
-    four = plan(rows=2, cluster=4)
-    assert (four["cluster"], four["stage1_ctas"], four["stage2_ctas"]) == (4, 128, 160)
-    d = four["dims"]
-    assert (d["groups"], d["g4"], d["per1"], d["per2"], d["ss_parts"]) == (32, 32, 88, 80, 2)
-    assert plan(rows=2, cluster=8) == plan(rows=2) == plan(rows=2, cluster=0)
-    assert plan(rows=2, cluster=5)["cluster"] == 8  # only 4 and 8 are cluster sizes (the glue refuses others)
-
-
-def test_plain_design_when_asked(plan):
-    p = plan(design="plain")
-    assert p["ok"], p
-    assert (p["design"], p["cluster"], p["use_pdl"], p["stage1_ctas"], p["stage2_ctas"]) == ("plain", 1, True, 128, 128)
-    d = p["dims"]
-    # 16 groups (CTAs of 8 cluster-design slices of 80 features: 640), each CTA an eighth of down's
-    # columns (5 tiles: 40); stage 2: 128 CTAs of 20 features, 24-element windows
-    assert (d["kso"], d["slice"], d["groups"], d["hs"], d["ctas2"], d["win"], d["bulk"]) == (80, 640, 16, 20, 128, 24, True)
-    # stage 1: tile 640 x 40 x 2 + inject tile 80 x 8 x 2 + scale 1280 + A 2 x 648 x 2 + part sums 32 +
-    # reduction 4 x 8 x 40; stage 2: tiles 4 x 320 x 24 x 2 + A 2 x 328 x 2 + hn 160 + g 320
-    assert (p["stage1_shared_bytes"], p["stage2_shared_bytes"]) == (57664, 63232)
-    inject = align256(324 * 16 * 4)  # down partials; then inject partials [C][16 groups][8 ranks]
-    assert p["scratch"] == {"partials": 0, "inject": inject, "hn": inject + 2048, "total": inject + 2048 + 10240 * 2}
-    assert plan(design="plain", bulk=0)["dims"]["bulk"] is False
-    # the plain design is the cluster design's order with clusters of 8: another cluster size keeps clusters
-    assert (plan(design="plain", cluster=4)["design"], plan(design="plain", cluster=4)["cluster"]) == ("cluster", 4)
-
-
-def test_automatic_design_is_the_cluster_design(plan):
-    for rows in (1, 16):
-        assert plan(rows=rows)["design"] == "cluster"
-        assert plan(rows=rows, design="cluster") == plan(rows=rows)
-
-
-def test_batched_stage_1_changes_no_tiling(plan):
-    batched, plain = plan(rows=4, batch=1), plan(rows=4, batch=0)
-    assert batched["dims"].pop("batch") is True and plain["dims"].pop("batch") is False
-    assert batched == plain
 
 
 # ---- the real shape's kernels and how many kernels wait ahead of them
@@ -266,9 +227,10 @@ def test_kernels_ahead_sets_the_shared_memory_floor(plan):
 
 @pytest.mark.parametrize("settings", [
     {"real_shape": 0},          # HCFUSE_FAST_REAL_SHAPE=0: the generic kernels, unpadded
-    {"cluster": 4},             # another tiling: the generic kernels
+    {"stage2": 80},             # another tiling: the generic kernels
     {"H": 1024},
-    {"design": "plain"},
+    {"C": 8, "H": 1024},
+    {"R": 256},
 ])
 def test_generic_kernels_are_not_padded(plan, settings):
     p = plan(rows=1, **H200, **settings)
@@ -280,11 +242,3 @@ def test_unknown_shared_memory_figures_pad_nothing(plan):
     p = plan(rows=1)  # the probe's default device leaves them 0, as a device that does not report them
     assert p["real_shape_kernels"] is True
     assert (p["stage1_shared_bytes"], p["stage2_shared_bytes"]) == (stage1_bytes(1), stage2_bytes(1))
-
-
-@pytest.mark.parametrize("regw_rows,rows,expected", [(0, 1, True), (4, 3, False), (4, 4, True), (8, 16, True)])
-def test_register_weights_row_threshold(plan, regw_rows, rows, expected):
-    """HcFastTuning::reg_weights_min_rows picks stage 1's weight source by row count (0: always)."""
-    p = plan(rows=rows, regw_rows=regw_rows)
-    assert p["ok"], p
-    assert p["dims"]["reg_weights"] is expected

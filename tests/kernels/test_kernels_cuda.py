@@ -3,7 +3,7 @@
 Every test that runs the op is parametrized over path: "general" (norm kernel + cuBLASLt GEMMs +
 elementwise kernels, any shape and type) and "fast" (the fused decode kernels). The path is pinned
 with HCFUSE_FORCE_PATH when the session is created. A call the fast path does not support (float32,
-shapes HcFastPlanFor refuses, kernels/src/cuda/hc_fast_plan.h) is skipped on "fast" - except the real shape in float16
+shapes HcFastPlanFor refuses, kernels/src/cuda/fast/hc_fast_plan.h) is skipped on "fast" - except the real shape in float16
 and bfloat16, which the fast path must run.
 
 Stated bounds against hcfuse.reference, in ulps of T measured at max(|expected|, |actual|, rms(expected))
@@ -228,7 +228,7 @@ def test_row_independence_and_determinism(hcfuse_lib, monkeypatch, dtype, path):
     """A row gives the same bits alone and inside batches of 16, 128 and 1000 rows (the general path's
     GEMMs see M = 1 ... 1000, above and below the M their algorithm was planned for), and two runs of
     one session as well as a second session give the same bits. The general path's row ranges
-    (kernels/src/cuda/hc_general.cu: few-row 1-255, mid 256-1023 rows) each keep a row's bits for
+    (kernels/src/cuda/general/hc_general.cu: few-row 1-255, mid 256-1023 rows) each keep a row's bits for
     every row count they serve: batches of 1 ... 255 rows are compared with 255 rows, 256 ... 1000
     with 1000; the fast path is one range (every pair against 1000 rows)."""
     _require_dtype(dtype)

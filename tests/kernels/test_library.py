@@ -5,6 +5,8 @@ answered by an ORT error carrying our text (never a crash)."""
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 
 import numpy as np
 import onnxruntime as ort
@@ -219,3 +221,44 @@ def test_model_helper_ir_and_opsets():
     model = make_fused_node_model(C=C, H=H, R=R, dtype=np.float16)
     assert model.ir_version == IR_VERSION
     assert {(o.domain, o.version) for o in model.opset_import} == {("", ONNX_OPSET), (DOMAIN, 1)}
+
+
+# ---- the environment variables the library reads
+
+DOCUMENTED_VARIABLES = {"HCFUSE_FORCE_PATH", "HCFUSE_DEBUG"}
+KERNELS = pathlib.Path(__file__).resolve().parents[2] / "kernels"
+
+
+def _lines_outside_dev_knobs(text: str):
+    """The source lines a build without HCFUSE_DEV_KNOBS compiles, as far as HCFUSE_DEV_KNOBS decides:
+    lines under `#if`/`#ifdef` naming HCFUSE_DEV_KNOBS (not negated) are left out, up to its #else/#endif."""
+    stack: list[bool] = []  # per open conditional: whether its current branch is dev-only
+    for line in text.splitlines():
+        directive = line.strip().replace(" ", "")
+        if directive.startswith("#ifndef"):
+            stack.append(False)
+        elif directive.startswith("#if"):  # #if and #ifdef
+            stack.append("HCFUSE_DEV_KNOBS" in directive and "!defined(HCFUSE_DEV_KNOBS)" not in directive)
+        elif directive.startswith(("#else", "#elif")) and stack:
+            stack[-1] = False
+        elif directive.startswith("#endif") and stack:
+            stack.pop()
+        elif not any(stack):
+            yield line
+
+
+def test_default_build_reads_only_documented_variables():
+    """Outside HCFUSE_DEV_KNOBS blocks every getenv in kernels/src takes a literal name of a documented
+    variable (HCFUSE_FORCE_PATH, HCFUSE_DEBUG), and the CMake option is off by default."""
+    sources = [p for p in (KERNELS / "src").rglob("*") if p.suffix in {".cc", ".cu", ".h", ".cuh", ".inc"}]
+    if not sources:
+        pytest.skip("the kernels' sources are not beside tests/ (a copy of tests/ run against an installed wheel)")
+    read = set()
+    for path in sources:
+        code = "\n".join(_lines_outside_dev_knobs(path.read_text()))
+        for call in re.finditer(r"getenv\s*\(\s*([^)]*)\)", code):
+            arg = call.group(1).strip()
+            assert re.fullmatch(r'"[A-Z0-9_]+"', arg), f"{path.relative_to(KERNELS)}: getenv({arg}) outside HCFUSE_DEV_KNOBS"
+            read.add(arg.strip('"'))
+    assert read == DOCUMENTED_VARIABLES, f"the default build reads {sorted(read)}"
+    assert re.search(r'option\(HCFUSE_DEV_KNOBS "[^"]*" OFF\)', (KERNELS / "CMakeLists.txt").read_text())

@@ -1,4 +1,4 @@
-"""The CUDA general path's four row ranges (kernels/src/cuda/hc_general.cu, hc_gemm.h):
+"""The CUDA general path's four row ranges (kernels/src/cuda/general/hc_general.cu, hc_gemm.h):
 
   few rows      rows < 256: down split into HcSplitCount(C*H) K slices (40 for the real shape), planned at 64 rows;
   mid           256 <= rows < 1024: HcMidSplitCount(C*H) slices (16), planned at 256 rows;
@@ -6,7 +6,7 @@
   long prefill  rows >= 4096: the same slices, both algorithms planned at 4096 rows.
 
 All ranges share one norm kernel per shape (S, hn, inject as a fixed-order dot product per row,
-post_gate, kernels/src/cuda/hc_norm_inject.cu): HcNormInjectResidentKernel where C = 4, T is 16-bit and
+post_gate, kernels/src/cuda/general/hc_norm_inject.cu): HcNormInjectResidentKernel where C = 4, T is 16-bit and
 H is a multiple of 256 up to 2560 (weights in registers, rows cp.async-streamed on a persistent grid,
 1 or 2 rows a group), else HcNormInjectKernel, which puts 1, 2 or 4 rows in a block and keeps S in
 shared memory or forms it twice (rows too wide), without changing a bit.

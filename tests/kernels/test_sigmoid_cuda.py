@@ -1,4 +1,4 @@
-"""The gate epilogue's sigmoids (HcGateEpilogueKernel, kernels/src/cuda/hc_general.cu) against Sigmoid, for every
+"""The gate epilogue's sigmoids (HcGateEpilogueKernel, kernels/src/cuda/general/hc_general.cu) against Sigmoid, for every
 16-bit input: tests/kernels/cuda/sigmoid_in_range_check.cu built with nvcc for the device and run (skipped without nvcc or
 a GPU).
 - SigmoidInRange (hc_common.cuh), without the IEEE division's slow-path branch, gives Sigmoid's bits for every

@@ -74,7 +74,7 @@ inline std::vector<int64_t> WithLast(std::vector<int64_t> dims, int64_t last) {
 
 }  // namespace detail
 
-// Validates every shape and attribute against SPEC.md and fills `params`.
+// Validates every shape and attribute against docs/NUMERICS.md and fills `params`.
 // Returns an empty string on success, else a message naming the op, the input and what is wrong.
 inline std::string ResolveHcLowRankMixParams(const HcLowRankMixShapes& s, const HcLowRankMixAttrs& a,
                                              HcLowRankMixParams* params) {

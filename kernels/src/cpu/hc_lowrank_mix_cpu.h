@@ -1,10 +1,11 @@
 // CPU kernel of HyperConnectionLowRankMix over raw pointers (no ONNX Runtime types).
 //
-// Follows hcfuse/reference.py operation for operation: fp32 arithmetic, rounding to T at each of
-// SPEC's points, sequential accumulation over k for every dot product and the norm's sum of squares,
-// branches summed in order c = 0..C-1 for pre_output, and sigmoid(x) = 1 / (1 + e) with e = exp(-x)
-// correctly rounded to fp32. The products' multiply-adds are fused (FMA) under AVX2+FMA and AVX-512
-// (separate under plain SSE2); everything else is built with -ffp-contract=off. For float16 and
+// Follows hcfuse/reference.py operation for operation: fp32 arithmetic, rounding to T at each of the
+// contract's rounding points (docs/NUMERICS.md), sequential accumulation over k for every dot product
+// and the norm's sum of squares, branches summed in order c = 0..C-1 for pre_output, and
+// sigmoid(x) = 1 / (1 + e) with e = exp(-x) correctly rounded to fp32. The products' multiply-adds are
+// fused (FMA) under AVX2+FMA and AVX-512 (separate under plain SSE2); everything else is built with
+// -ffp-contract=off. For float16 and
 // bfloat16 the product of two rounded 16-bit values is exact in fp32, so FMA gives the reference's
 // bits (bfloat16: unless a product falls outside fp32's normal range). For float32 FMA skips the
 // product's rounding, and the down product (K = C*H) is summed in kHcCpuDownSlices fixed slices of k

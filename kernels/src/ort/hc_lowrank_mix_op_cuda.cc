@@ -10,17 +10,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 
-#include "cuda/hc_fast_path.h"
-#include "cuda/hc_fast_plan.h"
-#include "cuda/hc_gemm.h"
-#include "cuda/hc_lowrank_mix_cuda.h"
+#include "cuda/common/hc_lowrank_mix_cuda.h"
+#include "cuda/fast/hc_fast_path.h"
+#include "cuda/fast/hc_fast_plan.h"
+#include "cuda/general/hc_gemm.h"
 #include "ort/hc_lowrank_mix_op.h"
 
 namespace hcfuse {
@@ -48,7 +47,9 @@ struct CudaTypeOf<Ort::BFloat16_t> {
 
 enum class PathChoice { kAuto, kGeneral, kFast };
 
-// HCFUSE_FORCE_PATH=general|fast pins the path (tests); unset or empty lets the glue choose.
+// HCFUSE_FORCE_PATH=general|fast pins the path (both meet the numerics contract); unset or empty lets
+// the glue choose. With HCFUSE_DEBUG, the only variables the library reads (builds with HCFUSE_DEV_KNOBS
+// read the switches below too).
 PathChoice ReadForcedPath() {
   const char* value = std::getenv("HCFUSE_FORCE_PATH");
   if (value == nullptr || *value == '\0') return PathChoice::kAuto;
@@ -58,6 +59,11 @@ PathChoice ReadForcedPath() {
                            value + "'",
                        ORT_INVALID_ARGUMENT);
 }
+
+#if defined(HCFUSE_DEV_KNOBS)
+// Benchmark and test switches, compiled in only with the CMake option HCFUSE_DEV_KNOBS (off in the
+// shipped library, which runs the defaults). None changes a result except HCFUSE_UP_GATE (the general
+// path's up product: both routes keep the contract, the last bits of pre_output may differ).
 
 // The switch `name` (0 or 1); empty where it is unset or empty, an error naming it for any other value.
 std::optional<bool> ReadZeroOrOne(const char* name) {
@@ -70,23 +76,14 @@ std::optional<bool> ReadZeroOrOne(const char* name) {
   return *value == '1';
 }
 
-// HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS override the fast path's work split and
-// HCFUSE_FAST_DESIGN (auto|cluster|plain) its kernels, HCFUSE_FAST_BULK (0|1) how weight tiles are
-// copied, HCFUSE_FAST_BATCH (0|1) how the cluster design's stage 1 orders its loads and stores,
-// HCFUSE_FAST_REG_WEIGHTS (0|1) whether its real-shape stage 1 holds the down weights in registers at every
-// row count or at none (unset: from HcFastTuning::reg_weights_min_rows) and
-// HCFUSE_FAST_REAL_SHAPE (0|1) whether the real shape runs its constant-tiling kernels and
-// HCFUSE_FAST_AHEAD how many later kernels may wait next to them, HCFUSE_FAST_STAGE2_CTAS the most
-// stage 2 CTAs (results never change),
-// HCFUSE_FAST_CLUSTER its
-// cluster size (last bits may change): benchmarks and tests, see HcFastTuning.
-// The defaults are HcFastTuning's (batched stage 1 included: measured faster in bf16 and fp16 on the
-// H200, bench/README.md, issue 15).
+// HCFUSE_FAST_SS_LOCAL_ROWS / HCFUSE_FAST_HIDDEN_LOCAL_ROWS: the fast path's work split,
+// HCFUSE_FAST_REAL_SHAPE (0|1): whether the real shape runs its constant-tiling kernels,
+// HCFUSE_FAST_AHEAD: how many later kernels may wait next to them, HCFUSE_FAST_STAGE2_CTAS: the most
+// stage 2 CTAs (HcFastTuning).
 HcFastTuning ReadFastTuning() {
   HcFastTuning tuning;
   for (auto [name, field] : {std::pair{"HCFUSE_FAST_SS_LOCAL_ROWS", &tuning.ss_local_max_rows},
                              std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
-                             std::pair{"HCFUSE_FAST_CLUSTER", &tuning.cluster},
                              std::pair{"HCFUSE_FAST_AHEAD", &tuning.kernels_ahead},
                              std::pair{"HCFUSE_FAST_STAGE2_CTAS", &tuning.stage2_max_ctas}}) {
     const char* value = std::getenv(name);
@@ -100,35 +97,12 @@ HcFastTuning ReadFastTuning() {
     }
     *field = parsed;
   }
-  if (const char* design = std::getenv("HCFUSE_FAST_DESIGN"); design != nullptr && *design != '\0') {
-    if (std::strcmp(design, "cluster") == 0) {
-      tuning.design = HcFastDesign::kCluster;
-    } else if (std::strcmp(design, "plain") == 0) {
-      tuning.design = HcFastDesign::kPlain;
-    } else if (std::strcmp(design, "auto") != 0) {
-      throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_DESIGN must be 'auto', 'cluster' or 'plain'; got '" +
-                               design + "'",
-                           ORT_INVALID_ARGUMENT);
-    }
-  }
-  for (auto [name, field] : {std::pair{"HCFUSE_FAST_BULK", &tuning.bulk_copies},
-                             std::pair{"HCFUSE_FAST_BATCH", &tuning.batched_stage1},
-                             std::pair{"HCFUSE_FAST_REAL_SHAPE", &tuning.real_shape_kernels}}) {
-    if (const std::optional<bool> value = ReadZeroOrOne(name)) *field = *value;
-  }
-  if (const std::optional<bool> always = ReadZeroOrOne("HCFUSE_FAST_REG_WEIGHTS")) {
-    tuning.reg_weights_min_rows = *always ? 0 : std::numeric_limits<int64_t>::max();
-  }
-  if (tuning.cluster != 0 && tuning.cluster != 4 && tuning.cluster != 8) {
-    throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FAST_CLUSTER must be 4 or 8; got " +
-                             std::to_string(tuning.cluster),
-                         ORT_INVALID_ARGUMENT);
-  }
+  if (const std::optional<bool> value = ReadZeroOrOne("HCFUSE_FAST_REAL_SHAPE")) tuning.real_shape_kernels = *value;
   return tuning;
 }
 
-// HCFUSE_UP_GATE (1: fused, 0: unfused; unset or empty: the measured choice, HcUpGateRoute::kAuto) pins how
-// the general path runs its up product and gate epilogue (benchmarks and tests compare the two routes).
+// HCFUSE_UP_GATE (1: fused, 0: unfused; unset or empty: HcUpGateRoute::kAuto) pins how the general path
+// runs its up product and gate epilogue.
 cuda::HcGeneralOptions ReadGeneralOptions() {
   cuda::HcGeneralOptions options;
   if (const std::optional<bool> fused = ReadZeroOrOne("HCFUSE_UP_GATE")) {
@@ -136,6 +110,10 @@ cuda::HcGeneralOptions ReadGeneralOptions() {
   }
   return options;
 }
+#else
+HcFastTuning ReadFastTuning() { return {}; }
+cuda::HcGeneralOptions ReadGeneralOptions() { return {}; }
+#endif
 
 bool ReadDebugFlag() {
   const char* value = std::getenv("HCFUSE_DEBUG");

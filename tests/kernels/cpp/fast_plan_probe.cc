@@ -1,19 +1,17 @@
-// Prints the CUDA fast path's plan (kernels/src/cuda/hc_fast_plan.h) for one call as one JSON object,
-// for tests/test_fast_plan.py: built with the host compiler alone (no CUDA), so the path choice and
-// the tiling are checked on any machine.
+// Prints the CUDA fast path's plan (kernels/src/cuda/fast/hc_fast_plan.h) for one call as one JSON
+// object, for tests/kernels/test_fast_plan.py: built with the host compiler alone (no CUDA), so the path
+// choice and the tiling are checked on any machine.
 //   fast_plan_probe KEY=VALUE...   shape: rows C H R prologue; device: sm (e.g. 90) smem (opt-in bytes
-//   per block); call: elem (bytes) aligned forced; tuning: cluster design (auto|cluster|plain)
-//   ss_local hidden_local batch bulk ahead real_shape stage2 regw_rows.
+//   per block) smem_sm smem_reserved; call: elem (bytes) aligned forced; tuning: ss_local hidden_local
+//   ahead real_shape stage2.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "cuda/hc_fast_plan.h"
+#include "cuda/fast/hc_fast_plan.h"
 
 namespace {
-
-using hcfuse::HcFastDesign;
 
 long long Int(const char* arg, const char* value) {
   char* end = nullptr;
@@ -32,10 +30,6 @@ std::string Quoted(const std::string& s) {
     out += c;
   }
   return out + "\"";
-}
-
-const char* DesignName(HcFastDesign d) {
-  return d == HcFastDesign::kPlain ? "plain" : d == HcFastDesign::kCluster ? "cluster" : "auto";
 }
 
 }  // namespace
@@ -59,12 +53,6 @@ int main(int argc, char** argv) {
     }
     const std::string key(argv[i], static_cast<size_t>(eq - argv[i]));
     const char* value = eq + 1;
-    if (key == "design") {
-      tuning.design = std::strcmp(value, "plain") == 0     ? HcFastDesign::kPlain
-                      : std::strcmp(value, "cluster") == 0 ? HcFastDesign::kCluster
-                                                           : HcFastDesign::kAuto;
-      continue;
-    }
     const long long v = Int(argv[i], value);
     if (key == "rows") p.rows = v;
     else if (key == "C") p.C = v;
@@ -81,12 +69,8 @@ int main(int argc, char** argv) {
     else if (key == "elem") request.element_bytes = static_cast<int>(v);
     else if (key == "aligned") request.pointers_aligned = v != 0;
     else if (key == "forced") request.forced = v != 0;
-    else if (key == "cluster") tuning.cluster = v;
     else if (key == "ss_local") tuning.ss_local_max_rows = v;
     else if (key == "hidden_local") tuning.hidden_local_max_rows = v;
-    else if (key == "batch") tuning.batched_stage1 = v != 0;
-    else if (key == "regw_rows") tuning.reg_weights_min_rows = v;
-    else if (key == "bulk") tuning.bulk_copies = v != 0;
     else {
       std::fprintf(stderr, "fast_plan_probe: unknown key %s\n", key.c_str());
       return 2;
@@ -97,29 +81,19 @@ int main(int argc, char** argv) {
   const hcfuse::HcFastPlan plan = hcfuse::HcFastPlanFor(p, caps, tuning, request);
   std::printf("{\"ok\": %s, \"reason\": %s", plan.ok() ? "true" : "false", Quoted(plan.reason).c_str());
   if (plan.ok()) {
-    std::printf(", \"design\": \"%s\", \"cluster\": %d, \"use_pdl\": %s, \"stage1_ctas\": %d, \"stage2_ctas\": %d"
+    std::printf(", \"cluster\": %d, \"use_pdl\": %s, \"stage1_ctas\": %d, \"stage2_ctas\": %d"
                 ", \"stage1_shared_bytes\": %zu, \"stage2_shared_bytes\": %zu, \"shared_memory_bytes\": %zu"
-                ", \"real_shape_kernels\": %s"
-                ", \"scratch\": {\"partials\": %zu, \"inject\": %zu, \"hn\": %zu, \"total\": %zu}",
-                DesignName(plan.design), plan.cluster, plan.use_pdl ? "true" : "false", plan.stage1_ctas,
-                plan.stage2_ctas, plan.stage1_shared_bytes, plan.stage2_shared_bytes, plan.shared_memory_bytes(),
-                plan.real_shape_kernels ? "true" : "false",
-                plan.scratch.partials, plan.scratch.inject, plan.scratch.hn, plan.scratch.total);
-    if (plan.design == HcFastDesign::kPlain) {
-      const hcfuse::HcFastPlainDims& d = plan.plain_dims;
-      std::printf(", \"dims\": {\"rows\": %d, \"rt\": %d, \"kso\": %d, \"slice\": %d, \"groups\": %d, \"g4\": %d"
-                  ", \"hs\": %d, \"ctas2\": %d, \"win\": %d, \"has_prologue\": %s, \"bulk\": %s}",
-                  d.rows, d.rt, d.kso, d.slice, d.groups, d.g4, d.hs, d.ctas2, d.win,
-                  d.has_prologue ? "true" : "false", d.bulk ? "true" : "false");
-    } else {
-      const hcfuse::HcFastClusterDims& d = plan.cluster_dims;
-      std::printf(", \"dims\": {\"rows\": %d, \"rt\": %d, \"cpb\": %d, \"ks\": %d, \"groups\": %d, \"g4\": %d"
-                  ", \"hs\": %d, \"piece\": %d, \"per1\": %d, \"per2\": %d, \"ss_parts\": %d, \"ss_local\": %s"
-                  ", \"hidden_local\": %s, \"batch\": %s, \"reg_weights\": %s, \"has_prologue\": %s}",
-                  d.rows, d.rt, d.cpb, d.ks, d.groups, d.g4, d.hs, d.piece, d.per1, d.per2, d.ss_parts,
-                  d.ss_local ? "true" : "false", d.hidden_local ? "true" : "false", d.batch ? "true" : "false",
-                  d.reg_weights ? "true" : "false", d.has_prologue ? "true" : "false");
-    }
+                ", \"real_shape_kernels\": %s, \"scratch\": {\"partials\": %zu, \"hn\": %zu, \"total\": %zu}",
+                plan.cluster, plan.use_pdl ? "true" : "false", plan.stage1_ctas, plan.stage2_ctas,
+                plan.stage1_shared_bytes, plan.stage2_shared_bytes, plan.shared_memory_bytes(),
+                plan.real_shape_kernels ? "true" : "false", plan.scratch.partials, plan.scratch.hn,
+                plan.scratch.total);
+    const hcfuse::HcFastClusterDims& d = plan.cluster_dims;
+    std::printf(", \"dims\": {\"rows\": %d, \"rt\": %d, \"cpb\": %d, \"ks\": %d, \"groups\": %d, \"g4\": %d"
+                ", \"hs\": %d, \"piece\": %d, \"per1\": %d, \"per2\": %d, \"ss_parts\": %d, \"ss_local\": %s"
+                ", \"hidden_local\": %s, \"has_prologue\": %s}",
+                d.rows, d.rt, d.cpb, d.ks, d.groups, d.g4, d.hs, d.piece, d.per1, d.per2, d.ss_parts,
+                d.ss_local ? "true" : "false", d.hidden_local ? "true" : "false", d.has_prologue ? "true" : "false");
   }
   std::printf("}\n");
   return 0;

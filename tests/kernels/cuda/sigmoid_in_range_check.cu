@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "cuda/hc_common.cuh"
-#include "cuda/hc_sigmoid_table.cuh"
+#include "cuda/common/hc_common.cuh"
+#include "cuda/common/hc_sigmoid_table.cuh"
 
 namespace {
 

@@ -15,7 +15,7 @@
 
 #include <cuda_bf16.h>
 
-#include "cuda/hc_common.cuh"
+#include "cuda/common/hc_common.cuh"
 
 namespace hcfuse {
 namespace cuda {

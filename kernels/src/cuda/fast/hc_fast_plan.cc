@@ -1,6 +1,6 @@
-// The fast path's planner (hc_fast_plan.h): the tiling of both designs, their shared memory and
-// scratch, and the reasons a call cannot run. Host C++ only.
-#include "cuda/hc_fast_plan.h"
+// The fast path's planner (hc_fast_plan.h): the tiling, shared memory and scratch of a call, and the
+// reasons a call cannot run. Host C++ only.
+#include "cuda/fast/hc_fast_plan.h"
 
 #include <algorithm>
 #include <string>
@@ -15,10 +15,7 @@ int64_t PaddedStride(int64_t n) { return (n / 8) % 2 == 1 ? n : n + 8; }
 int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 size_t Align256(size_t n) { return (n + 255) / 256 * 256; }
 
-int64_t ClusterSize(int sm_major, int64_t requested) {
-  if (!HcRunsSm90Code(sm_major)) return 1;
-  return requested == 4 || requested == 8 ? requested : kHcFastClusterSize;
-}
+int64_t ClusterSize(int sm_major) { return HcRunsSm90Code(sm_major) ? kHcFastClusterSize : 1; }
 
 // Stage 1 weight tile: ks rows of [down (R) | inject (C, padded to one 8-column mma tile)].
 int64_t Stage1TileBytes(const HcLowRankMixParams& p, int64_t ks) { return ks * PaddedStride(p.R + 8) * 2; }
@@ -86,10 +83,9 @@ std::string ShapeReason(const HcLowRankMixParams& p, int64_t cluster, int64_t st
   return {};
 }
 
-// The fields both designs' arguments take from the call as they are: shapes, attributes, the probe.
-template <typename Dims>
-Dims CallDims(const HcLowRankMixParams& p, const HcFastTuning& tuning) {
-  Dims d{};
+HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& tuning) {
+  const int parts = static_cast<int>(kHcFastSsParts);
+  HcFastClusterDims d{};
   d.rows = static_cast<int>(p.rows);
   d.C = static_cast<int>(p.C);
   d.H = static_cast<int>(p.H);
@@ -105,12 +101,6 @@ Dims CallDims(const HcLowRankMixParams& p, const HcFastTuning& tuning) {
   d.gate_mul = p.gate_mul;
   d.timeline = tuning.timeline;
   d.slot = tuning.timeline_slot;
-  return d;
-}
-
-HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const HcFastTuning& tuning) {
-  const int parts = static_cast<int>(kHcFastSsParts);
-  HcFastClusterDims d = CallDims<HcFastClusterDims>(p, tuning);
   d.cpb = static_cast<int>(Stage1CtasPerBranch(p, cluster));
   d.ks = d.H / d.cpb;
   d.ldb1 = static_cast<int>(PaddedStride(p.R + 8));
@@ -129,69 +119,7 @@ HcFastClusterDims ClusterDims(const HcLowRankMixParams& p, int cluster, const Hc
   d.ss_local = cluster == 1 || parts % cluster != 0 || d.cpb % cluster != 0 || p.rows <= tuning.ss_local_max_rows;
   d.ss_parts = d.ss_local ? parts : parts / cluster;
   d.hidden_local = cluster == 1 || p.rows <= tuning.hidden_local_max_rows;
-  d.batch = tuning.batched_stage1;
-  d.reg_weights = p.rows >= tuning.reg_weights_min_rows;
   return d;
-}
-
-// Stage 2 of the plain design: ctas CTAs of hs = H / ctas features of every branch; each copies the
-// 16-byte chunks that cover its features, a window of `window` elements per branch row.
-struct PlainStage2Tiling {
-  int64_t ctas = 0, hs = 0, window = 0;
-};
-PlainStage2Tiling PlainStage2(const HcLowRankMixParams& p) {
-  PlainStage2Tiling t;
-  if (p.H % 8 != 0) return t;
-  for (int64_t ctas = kHcFastPlainMaxStage2Ctas; ctas >= 1; --ctas) {
-    if (p.H % ctas != 0) continue;
-    t.ctas = ctas;
-    t.hs = p.H / ctas;
-    for (int64_t j = 0; j < ctas; ++j) {
-      const int64_t h0 = j * t.hs, begin = h0 / 8 * 8, end = RoundUp(h0 + t.hs, 8);
-      t.window = std::max(t.window, end - begin);
-    }
-    return t;
-  }
-  return t;
-}
-
-HcFastPlainDims PlainDims(const HcLowRankMixParams& p, const HcFastTuning& tuning) {
-  const int ranks = static_cast<int>(kHcFastPlainRanks);
-  HcFastPlainDims d = CallDims<HcFastPlainDims>(p, tuning);
-  const int cpb = static_cast<int>(Stage1CtasPerBranch(p, kHcFastPlainRanks));
-  d.kso = cpb > 0 ? d.H / cpb : 0;
-  d.slice = ranks * d.kso;
-  d.slices_per_branch = cpb / ranks;
-  d.groups = cpb * d.C / ranks;
-  d.g4 = static_cast<int>(RoundUp(d.groups, 4));
-  d.tpn = (d.R / 8 + ranks - 1) / ranks;  // down n-tiles (8 columns) of one of the 8 column slices
-  d.ncols = d.tpn * 8;
-  d.ldw1 = static_cast<int>(PaddedStride(d.ncols));
-  d.lda1 = static_cast<int>(PaddedStride(d.slice));
-  const PlainStage2Tiling t = PlainStage2(p);
-  d.hs = static_cast<int>(t.hs);
-  d.ctas2 = static_cast<int>(t.ctas);
-  d.win = static_cast<int>(t.window);
-  d.ldw2 = static_cast<int>(PaddedStride(t.window));
-  d.rp = static_cast<int>(RoundUp(p.R, 16));
-  d.lda2 = static_cast<int>(PaddedStride(d.rp));
-  d.bulk = tuning.bulk_copies;
-  return d;
-}
-
-// The plain design runs this call: asked for (kPlain), or kAuto up to kHcFastPlainMaxRows rows, and it
-// can (the cluster design's shape checks passed): sm_90 with the default cluster size, the cluster
-// design's groups of 8 stage 1 CTAs inside one branch (at most 16 groups: stage 2 adds them as four
-// float4), a stage 2 tiling, and both tiles fit.
-bool PlainRuns(const HcLowRankMixParams& p, int sm_major, const HcFastTuning& tuning) {
-  if (tuning.design == HcFastDesign::kCluster) return false;
-  if (tuning.design != HcFastDesign::kPlain && p.rows > kHcFastPlainMaxRows) return false;
-  if (!HcRunsSm90Code(sm_major) || ClusterSize(sm_major, tuning.cluster) != kHcFastPlainRanks) return false;
-  const int64_t cpb = Stage1CtasPerBranch(p, kHcFastPlainRanks);
-  if (cpb <= 0 || cpb % kHcFastPlainRanks != 0 || cpb * p.C / kHcFastPlainRanks > 16) return false;
-  const HcFastPlainDims d = PlainDims(p, tuning);
-  return d.ctas2 > 0 && int64_t{2} * d.slice * d.ldw1 <= kHcFastPlainMaxTileBytes &&
-         int64_t{2} * d.C * d.rp * d.ldw2 <= kHcFastPlainMaxTileBytes;
 }
 
 // Pads both stages' shared memory so that no three of their CTAs fit an SM (at most `ahead` = 1 later
@@ -226,7 +154,7 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
     return HcFastPlanRefused("compute capability " + std::to_string(caps.sm_major) + "." +
                              std::to_string(caps.sm_minor) + " is below 8.0");
   }
-  const int64_t cluster = ClusterSize(caps.sm_major, tuning.cluster);
+  const int64_t cluster = ClusterSize(caps.sm_major);
   if (std::string why = ShapeReason(params, cluster, tuning.stage2_max_ctas); !why.empty()) {
     return HcFastPlanRefused(std::move(why));
   }
@@ -235,28 +163,15 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
   HcFastPlan plan;
   plan.use_pdl = HcRunsSm90Code(caps.sm_major);
   const size_t rows = static_cast<size_t>(params.rows);
-  if (PlainRuns(params, caps.sm_major, tuning)) {
-    const HcFastPlainDims& d = plan.plain_dims = PlainDims(params, tuning);
-    plan.design = HcFastDesign::kPlain;
-    plan.cluster = 1;
-    plan.stage1_ctas = d.groups * static_cast<int>(kHcFastPlainRanks);
-    plan.stage2_ctas = d.ctas2;
-    plan.stage1_shared_bytes = HcFastPlain1Layout(d).total;
-    plan.stage2_shared_bytes = HcFastPlain2Layout(d).total;
-    plan.scratch.inject = Align256(rows * d.np * d.g4 * sizeof(float));
-    plan.scratch.hn = plan.scratch.inject + Align256(rows * d.C * d.groups * kHcFastPlainRanks * sizeof(float));
-  } else {
-    const HcFastClusterDims& d = plan.cluster_dims = ClusterDims(params, static_cast<int>(cluster), tuning);
-    plan.design = HcFastDesign::kCluster;
-    plan.cluster = static_cast<int>(cluster);
-    plan.stage1_ctas = d.cpb * d.C;
-    plan.stage2_ctas = d.H / d.hs;
-    plan.stage1_shared_bytes = HcFastStage1Layout(d, plan.cluster).total;
-    plan.stage2_shared_bytes = HcFastStage2Layout(d).total;
-    plan.scratch.hn = Align256(rows * d.np * d.g4 * sizeof(float));
-    plan.real_shape_kernels = tuning.real_shape_kernels && HcFastRealShape::Matches(d, plan.cluster);
-    if (plan.real_shape_kernels) LimitKernelsAhead(plan, caps, tuning.kernels_ahead);
-  }
+  const HcFastClusterDims& d = plan.cluster_dims = ClusterDims(params, static_cast<int>(cluster), tuning);
+  plan.cluster = static_cast<int>(cluster);
+  plan.stage1_ctas = d.cpb * d.C;
+  plan.stage2_ctas = d.H / d.hs;
+  plan.stage1_shared_bytes = HcFastStage1Layout(d, plan.cluster).total;
+  plan.stage2_shared_bytes = HcFastStage2Layout(d).total;
+  plan.scratch.hn = Align256(rows * d.np * d.g4 * sizeof(float));
+  plan.real_shape_kernels = tuning.real_shape_kernels && HcFastRealShape::Matches(d, plan.cluster);
+  if (plan.real_shape_kernels) LimitKernelsAhead(plan, caps, tuning.kernels_ahead);
   plan.scratch.total = plan.scratch.hn + Align256(rows * params.width() * 2);
 
   if (plan.shared_memory_bytes() > static_cast<size_t>(std::max<int64_t>(caps.max_shared_memory_per_block, 0))) {

@@ -17,22 +17,21 @@
 // Every sum has one fixed order whatever the row count and the tuning: a part of a sum of squares is
 // lane-strided then a butterfly, parts in order; partials are added rank by rank, then group by group;
 // an mma tile's rows never mix. So results are deterministic and row independent.
-#include "cuda/hc_fast_path.h"
+#include "cuda/fast/hc_fast_path.h"
 
 #include <algorithm>
 #include <string>
 #include <type_traits>
 #include <utility>
 
-#include "cuda/hc_common.cuh"
-#include "cuda/hc_fast_device.cuh"
-#include "cuda/hc_fast_plan.h"
-#include "cuda/hc_fast_plain.h"
+#include "cuda/common/hc_common.cuh"
+#include "cuda/fast/hc_fast_device.cuh"
+#include "cuda/fast/hc_fast_plan.h"
 
 namespace hcfuse {
 namespace {
 
-using namespace fast;  // NOLINT: the device building blocks of both designs
+using namespace fast;  // NOLINT: the device building blocks (hc_fast_device.cuh)
 
 constexpr int kStage1Threads = 384;
 constexpr int kStage2Threads = 320;
@@ -64,11 +63,10 @@ struct RealShapeDims : FastDims {
 };
 
 // ------------------------------------------------------------------------------------------------
-// Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue. BATCH
-// (HCFUSE_FAST_BATCH=1, same bits): a lane's stream loads of a part are issued together (one L2 round
-// trip instead of one per 128 features: 3 at H = 2560), and streams_out / hn_out are stored after the
-// pass's last cluster barrier (its release is a GPU-scope MEMBAR in SASS that waits for every global
-// store still in flight).
+// Stage 1. CL: cluster size (1 without clusters). PRO: the node has the prologue. A lane's stream loads
+// of a part are issued together (one L2 round trip instead of one per 128 features: 3 at H = 2560), and
+// streams_out / hn_out are stored after the pass's last cluster barrier (its release is a GPU-scope
+// MEMBAR in SASS that waits for every global store still in flight).
 template <typename D, bool REGW>
 struct RegWeightSteps {  // k steps of the down weights a lane holds (REGW: D's slice, a constant)
   static constexpr int value = 1;
@@ -78,10 +76,10 @@ struct RegWeightSteps<D, true> {
   static constexpr int value = D::ks / 16;
 };
 
-// REGW (the real shape's tiling only, from HcFastTuning::reg_weights_min_rows rows; same bits): the down
-// weights go from global memory straight into registers as mma fragments (DownWeightRegs), not through a
-// shared-memory tile.
-template <typename T, int CL, bool PRO, bool BATCH, typename D, bool REGW = false>
+// REGW (the real shape's tiling only; same bits): the down weights go from global memory straight into
+// registers as mma fragments (DownWeightRegs), not through a shared-memory tile (the weights are then
+// read from shared memory by no product).
+template <typename T, int CL, bool PRO, typename D, bool REGW>
 __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d, float* __restrict__ partials,
                                            T* __restrict__ hn_out, bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -141,15 +139,9 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
   }
 
   const int L = d.H / kParts;  // features in one part of a branch
-  // S of four slice features q.. of pass row i (global row `row`): to shared memory and streams_out.
-  auto store_slice = [&](const float (&s)[4], int i, int q, size_t row) {
+  // S of four slice features q.. of pass row i, to shared memory (streams_out is stored from there).
+  auto store_slice = [&](const float (&s)[4], int i, int q) {
     *reinterpret_cast<float4*>(s_slice + i * d.ks + q) = make_float4(s[0], s[1], s[2], s[3]);
-    if (!BATCH && args.streams_out != nullptr) {
-      cuda::Vec<T, 4> out;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) out.v[j] = FromFloat<T>(s[j]);
-      cuda::StoreVec<T, 4>(args.streams_out + row * d.K + k0 + q, out);
-    }
   };
   const int ksteps = d.ks / 16;
   const int ntiles = d.R / 8 + 1;          // down's column tiles, then inject's (padded)
@@ -171,11 +163,10 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
     // A: one warp per (part, row) pair sums that part's squares (lane-strided, then a butterfly) and
     // forms S of the slice where the part covers it (kept in shared memory, copied to streams_out);
     // with cluster part sums the slice lies elsewhere and one more warp per row forms it.
-    // With REGW the pairs go to the last warps first: warps R / 32 .. hold no down weights. ptxas gives a
-    // stream load the scoreboard of the weight loads (sm_90a SASS), so in a warp that holds weights the
-    // part sum waits for all of them. At the real shape there are more pairs than weight-free warps at
-    // every row count (8 at 1 row, 2 * rows from 2), and the barrier below waits for the last, so this
-    // order alone does not take that wait off the critical path (bench/README.md, twenty-fifth session).
+    // With REGW the pairs go to the last warps first: warps R / 32 .. hold no down weights, and ptxas gives
+    // a stream load the scoreboard of the weight loads, so in a warp that holds weights the part sum waits
+    // for all of them. (At the real shape there are more pairs than weight-free warps at every row count,
+    // so this order alone does not take that wait off the critical path.)
     const int part_pairs = d.ss_parts * nr;
     const int slice_pairs = d.ss_local ? 0 : nr;
     for (int pair = REGW ? num_warps - 1 - warp : warp; pair < part_pairs + slice_pairs; pair += num_warps) {
@@ -187,36 +178,25 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
       if (pair < part_pairs) {
         const int p = (d.ss_local ? 0 : rank * d.ss_parts) + pair % d.ss_parts;
         float ss = 0.0f;
-        if constexpr (BATCH) {
-          constexpr int kBatch = 4;  // 128-feature steps whose loads are in flight together
-          for (int q0 = lane * 4; q0 < L; q0 += 128 * kBatch) {
-            // unconditional loads (past the part: its last vector, unused), so that none waits on a use
-            cuda::Vec<T, 4> sv[kBatch], pv[kBatch] = {};
+        constexpr int kBatch = 4;  // 128-feature steps whose loads are in flight together
+        for (int q0 = lane * 4; q0 < L; q0 += 128 * kBatch) {
+          // unconditional loads (past the part: its last vector, unused), so that none waits on a use
+          cuda::Vec<T, 4> sv[kBatch], pv[kBatch] = {};
 #pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-              const int q = p * L + min(q0 + b * 128, L - 4);
-              sv[b] = LoadVec4<T>(srow + q);
-              if constexpr (PRO) pv[b] = LoadVec4<T>(prow + q);
-            }
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {  // the same q order as below: the same sum
-              const int q = q0 + b * 128;
-              if (q >= L) continue;
-              float s[4];
-              S4FromVecs<T, PRO>(sv[b], pv[b], gate, s);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) ss = cuda::MulAdd<T>(s[j], s[j], ss);
-              if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
-            }
+          for (int b = 0; b < kBatch; ++b) {
+            const int q = p * L + min(q0 + b * 128, L - 4);
+            sv[b] = LoadVec4<T>(srow + q);
+            if constexpr (PRO) pv[b] = LoadVec4<T>(prow + q);
           }
-        } else {
-#pragma unroll 4
-          for (int q = lane * 4; q < L; q += 128) {
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {  // the same q order as below: the same sum
+            const int q = q0 + b * 128;
+            if (q >= L) continue;
             float s[4];
-            LoadS4<T, PRO>(srow + p * L + q, PRO ? prow + p * L + q : nullptr, gate, s);
+            S4FromVecs<T, PRO>(sv[b], pv[b], gate, s);
 #pragma unroll
             for (int j = 0; j < 4; ++j) ss = cuda::MulAdd<T>(s[j], s[j], ss);
-            if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0, row);
+            if (d.ss_local && p * L + q >= h0 && p * L + q < h0 + d.ks) store_slice(s, i, p * L + q - h0);
           }
         }
         ss = cuda::WarpSum(ss);
@@ -231,7 +211,7 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
         for (int q = lane * 4; q < d.ks; q += 128) {
           float s[4];
           LoadS4<T, PRO>(srow + h0 + q, PRO ? prow + h0 + q : nullptr, gate, s);
-          store_slice(s, i, q, row);
+          store_slice(s, i, q);
         }
       }
     }
@@ -257,7 +237,6 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
 #pragma unroll
       for (int j = 0; j < 4; ++j) hn.v[j] = FromFloat<T>(cuda::NormalizeHn(sv[j], inv_rms, ToFloat<T>(scale[q + j])));
       cuda::StoreVec<T, 4>(a_tile + i * d.lda1 + q, hn);
-      if (!BATCH) cuda::StoreVec<T, 4>(hn_out + static_cast<size_t>(r0 + i) * d.K + k0 + q, hn);
     }
     __syncthreads();
 
@@ -321,8 +300,8 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
         }
       }
     }
-    // A cluster barrier, not st.async counted on the owner's mbarrier: measured on the H200 (bench/README.md,
-    // issue 15) that made the phase after it (rank sums, stores, exit) 0.9 us longer in bf16.
+    // A cluster barrier, not st.async counted on the owner's mbarrier: that made the phase after it (rank
+    // sums, stores, exit) slower.
     if constexpr (CL > 1) {
       ClusterSync();  // every rank's share of this rank's columns has arrived
     } else {
@@ -335,41 +314,33 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
       const int i = idx / c_len, c = idx % c_len;
       partials[(static_cast<size_t>(r0 + i) * d.np + c_begin + c) * d.g4 + group] = SumRanks<CL>(red, d.rt, d.per1, i, c);
     }
-    if constexpr (BATCH) {
-      // streams_out and hn_out of the slice from shared memory (8-byte stores: K, k0 and q are
-      // multiples of 4), now that no cluster barrier of this pass is left to wait for them
-      for (int idx = tid; idx < nr * (d.ks / 4); idx += blockDim.x) {
-        const int i = idx / (d.ks / 4), q = (idx % (d.ks / 4)) * 4;
-        const size_t off = static_cast<size_t>(r0 + i) * d.K + k0 + q;
-        if (args.streams_out != nullptr) {
-          const float4 s = *reinterpret_cast<const float4*>(s_slice + i * d.ks + q);
-          const T out[4] = {FromFloat<T>(s.x), FromFloat<T>(s.y), FromFloat<T>(s.z), FromFloat<T>(s.w)};
-          uint2 u;
-          memcpy(&u, out, sizeof(u));
-          *reinterpret_cast<uint2*>(args.streams_out + off) = u;
-        }
-        *reinterpret_cast<uint2*>(hn_out + off) = *reinterpret_cast<const uint2*>(a_tile + i * d.lda1 + q);
+    // streams_out and hn_out of the slice from shared memory (8-byte stores: K, k0 and q are
+    // multiples of 4), now that no cluster barrier of this pass is left to wait for them
+    for (int idx = tid; idx < nr * (d.ks / 4); idx += blockDim.x) {
+      const int i = idx / (d.ks / 4), q = (idx % (d.ks / 4)) * 4;
+      const size_t off = static_cast<size_t>(r0 + i) * d.K + k0 + q;
+      if (args.streams_out != nullptr) {
+        const float4 s = *reinterpret_cast<const float4*>(s_slice + i * d.ks + q);
+        const T out[4] = {FromFloat<T>(s.x), FromFloat<T>(s.y), FromFloat<T>(s.z), FromFloat<T>(s.w)};
+        uint2 u;
+        memcpy(&u, out, sizeof(u));
+        *reinterpret_cast<uint2*>(args.streams_out + off) = u;
       }
-      if (r0 + d.rt < d.rows) __syncthreads();  // s_slice and the A tile are rewritten next pass
+      *reinterpret_cast<uint2*>(hn_out + off) = *reinterpret_cast<const uint2*>(a_tile + i * d.lda1 + q);
     }
+    if (r0 + d.rt < d.rows) __syncthreads();  // s_slice and the A tile are rewritten next pass
   }
   TimelineEndOfCta(d.timeline, d.slot);
 }
 
-template <typename T, int CL, bool PRO, typename D = FastDims>
+// Stage 1 with the down weights in a shared-memory tile: every tiling but the real shape's. It takes 68
+// registers in bf16 with the prologue, so stage 1 + stage 2 + the next stage 1 do not fit the SM's 64K
+// registers at once (one kernel ahead, not two); capping it at 56 (__maxnreg__) spills 240 bytes,
+// reloaded after cluster barriers, and is slower.
+template <typename T, int CL, bool PRO>
 __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
-    HcFastArgs<T> args, D d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
-  Stage1Body<T, CL, PRO, false>(args, d, partials, hn_out, weights_are_constant);
-}
-
-// The batched variant (its own name in profiles). It takes 68 registers in bf16 with the prologue (the
-// default 56, with a spill): stage 1 + stage 2 + the next stage 1 then no longer fit the SM's 64K
-// registers at once (one kernel ahead instead of two). fp16's default stage 1 already takes 72 and is
-// the faster one; capping at 56 (__maxnreg__) spills 240 bytes, reloaded after cluster barriers.
-template <typename T, int CL, bool PRO, typename D = FastDims>
-__global__ void __launch_bounds__(kStage1Threads) HcFastStage1BatchedKernel(
-    HcFastArgs<T> args, D d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
-  Stage1Body<T, CL, PRO, true>(args, d, partials, hn_out, weights_are_constant);
+    HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
+  Stage1Body<T, CL, PRO, FastDims, false>(args, d, partials, hn_out, weights_are_constant);
 }
 
 // Stage 1 with the down weights in registers (REGW), the real shape's tiling only. Two CTAs an SM, as the
@@ -378,7 +349,7 @@ template <typename T, int CL, bool PRO>
 __global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1RegWeightsKernel(
     HcFastArgs<T> args, RealShapeDims d, float* __restrict__ partials, T* __restrict__ hn_out,
     bool weights_are_constant) {
-  Stage1Body<T, CL, PRO, true, RealShapeDims, true>(args, d, partials, hn_out, weights_are_constant);
+  Stage1Body<T, CL, PRO, RealShapeDims, true>(args, d, partials, hn_out, weights_are_constant);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -466,9 +437,8 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     }
     // inject -> post_gate (rounding points: inject, post_gate), CTA 0 only, by the warps that own no up
     // tile below (the real shape: 6 of 10 up to 8 rows, 2 at 16; else the last warp), while this CTA's hidden slice travels
-    // to its peers: nothing in the kernel reads it. In the loop above, its C items a row gave CTA 0 one
-    // more pass of L2 round trips than the other CTAs at 8 and 16 rows (real shape). Measured on the
-    // H200 (bench/README.md, eighth session): -0.1 us a block at 1 row, 4-16 rows within +-0.1.
+    // to its peers: nothing in the kernel reads it. (In the loop above, its C items a row gave CTA 0 one
+    // more pass of L2 round trips than the other CTAs at 8 and 16 rows.)
     // the up product's warp tasks below: (16-column tile, 8-row group) pairs (C * hs: a multiple of 16,
     // C being 4 or 8 and hs a multiple of 4)
     const int up_items = d.n2 / 16 * ((nr + 7) / 8);
@@ -506,10 +476,8 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase3);  // hidden values exchanged
 
     // up on tensor cores with the rows on mma's N side (WarpMmaRowsN: one 16-column tile of 8 rows a warp,
-    // four k chains), then g (rounding points: up, g). Against 8-column tiles of 16 rows (the plain design's
-    // WarpMma, the same bits: test_plain_and_cluster_designs_give_the_same_bits) that is half the products
-    // up to 8 rows and the weights read from shared memory once: measured on the H200 (bench/README.md,
-    // twenty-first session) the up phase 1.42 -> 1.01 us at 1 row, the block -0.27 us in bf16.
+    // four k chains), then g (rounding points: up, g). Against 8-column tiles of 16 rows (WarpMma, the
+    // same bits) that is half the products up to 8 rows and the weights read from shared memory once.
     const int mtiles = d.n2 / 16;
     for (int item = warp; item < up_items; item += num_warps) {
       const int m0[1] = {(item % mtiles) * 16}, xr[1] = {(item / mtiles) * 8};
@@ -537,46 +505,31 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
 // Host side.
 // Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
-// Whether the launch runs HcFastStage1RegWeightsKernel: the real shape's batched kernels, from the plan's rows.
-template <int CL>
-bool UsesRegWeights(const HcFastPlan& plan) {
-  const FastDims& d = plan.cluster_dims;
-  return CL == 8 && plan.real_shape_kernels && HcFastRealShape::Matches(d, CL) && d.batch && d.reg_weights;
-}
-
-template <typename T, int CL, typename D>
-cuda::HcLaunchStatus LaunchStagesWith(const HcFastArgs<T>& args, const HcFastPlan& plan, const D& d, void* scratch,
-                                      cudaStream_t stream, bool weights_are_constant) {
-  float* partials = static_cast<float*>(scratch);
-  T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
-  auto stage1 = d.batch ? (d.has_prologue ? HcFastStage1BatchedKernel<T, CL, true, D> : HcFastStage1BatchedKernel<T, CL, false, D>)
-                        : (d.has_prologue ? HcFastStage1Kernel<T, CL, true, D> : HcFastStage1Kernel<T, CL, false, D>);
-  if constexpr (std::is_same_v<D, RealShapeDims>) {  // the kernel takes the real shape's dims
-    if (UsesRegWeights<CL>(plan)) {
-      stage1 = d.has_prologue ? HcFastStage1RegWeightsKernel<T, CL, true> : HcFastStage1RegWeightsKernel<T, CL, false>;
-    }
-  }
-  cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
-                           stream, args, d, partials, hn, weights_are_constant);
-  if (err != cudaSuccess) return {"stage 1 kernel", err};
-  err = Launch(HcFastStage2Kernel<T, CL, D>, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL,
-               plan.use_pdl, stream, args, d, static_cast<const float*>(partials), static_cast<const T*>(hn),
-               weights_are_constant);
-  if (err != cudaSuccess) return {"stage 2 kernel", err};
-  return {};
-}
-
-// The real shape's kernels where the plan's tiling is theirs (RealShapeDims), the generic ones elsewhere.
+// Stage 1 and stage 2 on `stream`, from the plan: the real shape's kernels where the plan says so
+// (HcFastPlan::real_shape_kernels, clusters of 8 only), the generic ones elsewhere.
 template <typename T, int CL>
 cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& plan, void* scratch,
                                   cudaStream_t stream, bool weights_are_constant) {
+  float* partials = static_cast<float*>(scratch);
+  T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
   const FastDims& d = plan.cluster_dims;
-  if constexpr (CL == 8) {
-    if (plan.real_shape_kernels && HcFastRealShape::Matches(d, CL)) {
-      return LaunchStagesWith<T, CL>(args, plan, RealShapeDims::From(d), scratch, stream, weights_are_constant);
+  const auto launch = [&](auto stage1, auto stage2, const auto& dims) -> cuda::HcLaunchStatus {
+    cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
+                             stream, args, dims, partials, hn, weights_are_constant);
+    if (err != cudaSuccess) return {"stage 1 kernel", err};
+    err = Launch(stage2, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL, plan.use_pdl, stream, args,
+                 dims, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
+    if (err != cudaSuccess) return {"stage 2 kernel", err};
+    return {};
+  };
+  if constexpr (CL == HcFastRealShape::cluster) {
+    if (plan.real_shape_kernels) {
+      return launch(d.has_prologue ? HcFastStage1RegWeightsKernel<T, CL, true> : HcFastStage1RegWeightsKernel<T, CL, false>,
+                    HcFastStage2Kernel<T, CL, RealShapeDims>, RealShapeDims::From(d));
     }
   }
-  return LaunchStagesWith<T, CL>(args, plan, d, scratch, stream, weights_are_constant);
+  return launch(d.has_prologue ? HcFastStage1Kernel<T, CL, true> : HcFastStage1Kernel<T, CL, false>,
+                HcFastStage2Kernel<T, CL, FastDims>, d);
 }
 
 // How many clusters (or CTAs without clusters) of `kernel` the device holds at once, alone.
@@ -613,54 +566,25 @@ std::string Summary(const HcFastPlan& plan) {
          " threads, " + std::to_string(smem2) + " B shared (" +
          std::to_string(MaxActive(HcFastStage2Kernel<T, CL>, kStage2Threads, smem2, CL)) + " " + fit +
          "); rows per pass " + std::to_string(d.rt) + ", sums of squares " + (d.ss_local ? "local" : "shared") +
-         ", hidden " + (d.hidden_local ? "local" : "shared") + (d.batch ? ", stage 1 batched" : "") +
-         (UsesRegWeights<CL>(plan) ? ", stage 1's down weights in registers" : "");
+         ", hidden " + (d.hidden_local ? "local" : "shared") +
+         (plan.real_shape_kernels ? ", the real shape's kernels (stage 1's down weights in registers)" : "");
 }
 
 // The plan was made for these params (the kernels read the shapes from the plan, the tensors' sizes
 // follow the params).
 bool PlannedFor(const HcFastPlan& plan, const HcLowRankMixParams& p) {
-  const auto same = [&](int rows, int C, int H, int R, bool prologue) {
-    return rows == p.rows && C == p.C && H == p.H && R == p.R && prologue == p.has_prologue;
-  };
-  const HcFastClusterDims& c = plan.cluster_dims;
-  const HcFastPlainDims& q = plan.plain_dims;
-  return plan.design == HcFastDesign::kPlain ? same(q.rows, q.C, q.H, q.R, q.has_prologue)
-                                             : same(c.rows, c.C, c.H, c.R, c.has_prologue);
+  const HcFastClusterDims& d = plan.cluster_dims;
+  return d.rows == p.rows && d.C == p.C && d.H == p.H && d.R == p.R && d.has_prologue == p.has_prologue;
 }
 
 }  // namespace
 
 namespace cuda {
 
-cudaError_t QueryHcDeviceCaps(int device, HcDeviceCaps* caps) {
-  int major = 0, minor = 0, per_block = 0, per_sm = 0, reserved = 0, sms = 0;
-  for (auto [attr, value] : {std::pair{cudaDevAttrComputeCapabilityMajor, &major},
-                             std::pair{cudaDevAttrComputeCapabilityMinor, &minor},
-                             std::pair{cudaDevAttrMaxSharedMemoryPerBlockOptin, &per_block},
-                             std::pair{cudaDevAttrMaxSharedMemoryPerMultiprocessor, &per_sm},
-                             std::pair{cudaDevAttrReservedSharedMemoryPerBlock, &reserved},
-                             std::pair{cudaDevAttrMultiProcessorCount, &sms}}) {
-    if (const cudaError_t e = cudaDeviceGetAttribute(value, attr, device); e != cudaSuccess) return e;
-  }
-  caps->sm_major = major;
-  caps->sm_minor = minor;
-  caps->max_shared_memory_per_block = per_block;
-  caps->shared_memory_per_sm = per_sm;
-  caps->reserved_shared_memory_per_block = reserved;
-  caps->sm_count = sms;
-  return cudaSuccess;
-}
-
 template <typename T>
 std::string HcFastLaunchSummary(const HcFastPlan& plan) {
   if (!plan.ok()) return "not planned: " + plan.reason;
-  if (plan.design == HcFastDesign::kPlain) return HcFastPlainSummary(plan);
-  switch (plan.cluster) {
-    case 8: return Summary<T, 8>(plan);
-    case 4: return Summary<T, 4>(plan);
-    default: return Summary<T, 1>(plan);
-  }
+  return plan.cluster == kHcFastClusterSize ? Summary<T, kHcFastClusterSize>(plan) : Summary<T, 1>(plan);
 }
 
 template <typename T>
@@ -671,14 +595,9 @@ HcLaunchStatus LaunchHcFast(const HcLowRankMixParams& params, const HcDeviceTens
     return {"fast path plan", cudaErrorInvalidValue};
   }
   if (params.rows == 0) return {};
-  if (plan.design == HcFastDesign::kPlain) {
-    return LaunchHcFastPlain<T>(tensors, scratch, plan, stream, weights_are_constant);
-  }
-  switch (plan.cluster) {
-    case 8: return LaunchStages<T, 8>(tensors, plan, scratch, stream, weights_are_constant);
-    case 4: return LaunchStages<T, 4>(tensors, plan, scratch, stream, weights_are_constant);
-    default: return LaunchStages<T, 1>(tensors, plan, scratch, stream, weights_are_constant);
-  }
+  return plan.cluster == kHcFastClusterSize
+             ? LaunchStages<T, kHcFastClusterSize>(tensors, plan, scratch, stream, weights_are_constant)
+             : LaunchStages<T, 1>(tensors, plan, scratch, stream, weights_are_constant);
 }
 
 template HcLaunchStatus LaunchHcFast<__half>(const HcLowRankMixParams&, const HcDeviceTensors<__half>&, void*,

@@ -6,8 +6,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/hc_device_caps.h"
+
 namespace hcfuse {
-struct HcDeviceCaps;
 namespace cuda {
 
 template <typename T>

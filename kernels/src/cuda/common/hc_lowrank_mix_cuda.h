@@ -10,10 +10,10 @@
 #include <cstddef>
 #include <string>
 
+#include "cuda/common/hc_device_caps.h"
 #include "hcfuse/hc_params.h"
 
 namespace hcfuse {
-struct HcDeviceCaps;
 namespace cuda {
 
 class HcLtGemm;
@@ -45,11 +45,12 @@ struct HcLaunchStatus {
   std::string Message() const;
 };
 
-// How the general path runs its up product (HCFUSE_UP_GATE): kFused, the product and the gate epilogue in one
-// kernel (hc_up_gate.h) wherever it can run the call; kUnfused, cuBLASLt's product and HcGateEpilogueKernel;
-// kAuto (the default), fused where it was measured faster on an H200 (bench/README.md, issue 14): bfloat16 in
-// every row range, float16 from the mid range (256 rows), so a row range keeps one route. Both keep
-// the contract's rounding points; up's fp32 sums run in another order, so pre_output's last bits may differ.
+// How the general path runs its up product: kFused, the product and the gate epilogue in one kernel
+// (hc_up_gate.h) wherever it can run the call; kUnfused, cuBLASLt's product and HcGateEpilogueKernel; kAuto
+// (what the library runs; HCFUSE_UP_GATE pins another route in HCFUSE_DEV_KNOBS builds), fused where it is
+// faster: bfloat16 in every row range, float16 from the mid range (256 rows), so a row range keeps one route.
+// Both keep the contract's rounding points; up's fp32 sums run in another order, so pre_output's last bits
+// may differ between the routes.
 enum class HcUpGateRoute { kAuto, kFused, kUnfused };
 struct HcGeneralOptions {
   HcUpGateRoute up_gate = HcUpGateRoute::kAuto;

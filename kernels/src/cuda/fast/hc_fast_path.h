@@ -2,8 +2,7 @@
 // Two kernels: stage 1 splits K = C*H over ~128 CTAs (prologue, per-branch RMS norm, down and inject
 // products on tensor cores, fp32 partials reduced inside a thread-block cluster); stage 2 splits the
 // H features over ~128 CTAs (fixed-order partial reduction, ScaledSiLU, up product on tensor cores,
-// sigmoid, pre-mix, post_gate). Rows go through in tiles of 16 (the mma's M). A second design without
-// clusters (hc_fast_plain.cu, same bits) runs when the plan says so.
+// sigmoid, pre-mix, post_gate). Rows go through in tiles of 16 (the mma's M).
 // Which calls it runs, and how: HcFastPlanFor (hc_fast_plan.h). Launcher declarations only; no ORT type here.
 #pragma once
 
@@ -13,8 +12,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "cuda/hc_fast_plan.h"
-#include "cuda/hc_lowrank_mix_cuda.h"
+#include "cuda/common/hc_lowrank_mix_cuda.h"
+#include "cuda/fast/hc_fast_plan.h"
 #include "hcfuse/hc_params.h"
 
 namespace hcfuse {
@@ -43,10 +42,6 @@ bool HcFastTensorsAligned(const HcDeviceTensors<T>& t) {
 template <typename T>
 HcLaunchStatus LaunchHcFast(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
                             const HcFastPlan& plan, cudaStream_t stream, bool weights_are_constant);
-
-// What HcFastPlanFor needs to know of `device`, read from the CUDA runtime (once, when a kernel is
-// created; the timeline probe too).
-cudaError_t QueryHcDeviceCaps(int device, HcDeviceCaps* caps);
 
 // One line for HCFUSE_DEBUG: grids, shared memory, how many clusters fit on the device at once
 // (queries the CUDA runtime; not for the hot path).

@@ -1,10 +1,10 @@
 // cuBLASLt GEMMs of the general path; see hc_gemm.h for why one algorithm is pinned per shape and
 // how the split products are laid out.
-#include "cuda/hc_gemm.h"
+#include "cuda/general/hc_gemm.h"
 
 #include <cstdio>
 
-#include "cuda/hc_common.cuh"
+#include "cuda/common/hc_common.cuh"
 
 namespace hcfuse {
 namespace cuda {

@@ -71,7 +71,7 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // The contract's rounding step: an fp32 value rounded once to T, carried on in fp32.
-// Every rounding point of SPEC.md goes through this function (or FromFloat when stored).
+// Every rounding point of docs/NUMERICS.md goes through this function (or FromFloat when stored).
 template <typename T>
 __device__ __forceinline__ float RoundToT(float v) { return ToFloat<T>(FromFloat<T>(v)); }
 
@@ -120,7 +120,7 @@ __device__ __forceinline__ float SigmoidInRange(float x) {
   return __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
 }
 
-// The per-element formulas of SPEC.md in fp32, written without contraction (the __f*_rn
+// The per-element formulas of docs/NUMERICS.md in fp32, written without contraction (the __f*_rn
 // intrinsics) so both CUDA paths compute what hcfuse.reference computes in NumPy fp32.
 //
 // One step of a sum of squares or dot product as the reference writes it: product rounded, then added.

@@ -13,22 +13,19 @@
 //
 // On sm_90 the norm, reduction and epilogue kernels launch with programmatic dependent launch: each
 // starts while the kernel before it ends and waits for it (ptx::WaitOnProducer) before any read; the
-// epilogue releases the next kernel once all its blocks have stored (measured on an H200, bf16: the
-// general path's chain 2.8-3.6 us a block faster at 1-32 rows, 3.3-5.5 at 256-1024; cuBLASLt's
-// products launch as before).
+// epilogue releases the next kernel once all its blocks have stored (cuBLASLt's products launch
+// without it).
 //
 // Four row ranges (hc_gemm.h), which differ in the down and up products only:
 //   few rows   rows <  kHcMidMinRows (256): HcSplitCount(C*H) slices (40 for the real shape: enough
 //              CTAs at a few rows), algorithms planned at kSplitPlanRows / kPlanRows rows;
 //   mid        kHcMidMinRows <= rows < kHcPrefillMinRows (1024): HcMidSplitCount(C*H) slices (16),
-//              planned at kMidPlanRows (measured: 256 rows 10.3 us for product and reduction against 14.0
-//              with 40 slices, 512 rows 13.2 against 19.3);
+//              planned at kMidPlanRows;
 //   prefill    kHcPrefillMinRows <= rows < kHcLongPrefillMinRows (4096): HcPrefillSplitCount(C*H) slices
 //              (4: the partials' traffic is small next to the product), both algorithms planned at
 //              kPrefillPlanRows rows;
 //   long prefill  rows >= kHcLongPrefillMinRows: the same split, both algorithms planned at
-//              kLongPrefillPlanRows (4096) rows (measured: 48.6 against 56.4 us for product and reduction
-//              at 4096 rows, where the 1024-row plan keeps 1024-4095 rows: 19.7 against 25.9 at 1024).
+//              kLongPrefillPlanRows (4096) rows (the 1024-row plan is faster below 4096 rows).
 // Within a range each output element is computed by a fixed sequence of operations that does not
 // depend on the row count or on which block runs it (row-stride and grid-stride loops; reductions in
 // fixed order; the K split depends on K and the range only; GEMM algorithms pinned in HcLtGemm, the
@@ -41,14 +38,14 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/hc_common.cuh"
-#include "cuda/hc_fast_plan.h"
-#include "cuda/hc_gemm.h"
-#include "cuda/hc_lowrank_mix_cuda.h"
-#include "cuda/hc_norm_inject.h"
-#include "cuda/hc_ptx.cuh"
-#include "cuda/hc_sigmoid_table.cuh"
-#include "cuda/hc_up_gate.h"
+#include "cuda/common/hc_common.cuh"
+#include "cuda/common/hc_device_caps.h"
+#include "cuda/common/hc_lowrank_mix_cuda.h"
+#include "cuda/common/hc_ptx.cuh"
+#include "cuda/common/hc_sigmoid_table.cuh"
+#include "cuda/general/hc_gemm.h"
+#include "cuda/general/hc_norm_inject.h"
+#include "cuda/general/hc_up_gate.h"
 
 namespace hcfuse {
 namespace cuda {
@@ -58,11 +55,8 @@ constexpr int kElementwiseThreads = 256;
 // The gate epilogue with the sigmoid table (bfloat16): blocks of 512 threads, two an SM, on a grid-stride loop,
 // so that each SM fills its table twice a launch; each thread issues two branches' loads together (the
 // lookups leave too few instructions to cover one branch's load latency). From the long prefill range, where
-// the fills are a small part of the launch. Measured on an H200 (bf16, real shape, ncu; bench/README.md, ninth
-// session): 57.7 -> 49.7 us at 4096 rows; from 256 rows a first version had lost, 16.99 -> 18.59 at 1024 and
-// 7.46 -> 8.99 at 256 (the fills, 4100 sigmoids a block, do not overlap the product before it); one 1024-thread
-// block an SM with one branch's loads at a time took 55.2 at 4096 rows. (Two branches' loads at a time in the
-// other kernels made float16's 14.85 -> 15.78 at 1024 rows.)
+// the fills are a small part of the launch (below it the fills, 4100 sigmoids a block, do not overlap the
+// product before it and the table loses).
 constexpr int kTableEpilogueThreads = 512;
 constexpr int kTableBlocksPerSm = 2;
 constexpr int kTableEpilogueBranches = 2;
@@ -156,11 +150,9 @@ struct EpilogueArgs {
 // pre_output[row, h] = reduction_scale * sum_c hn[row, c, h] * g[row, c, h] (c in order), with
 // g = sigmoid(up) rounded. (post_gate comes from the norm kernel, hc_norm_inject.cu.) In 16-bit T a branch's VEC sigmoids
 // take SigmoidInRange where all VEC up allow it: the same bits as Sigmoid, without a branch per element
-// around the division's slow path (measured on an H200, real shape, bf16, ncu: 67.5 -> 56.2 us at 4096
-// rows, 19.7 -> 16.7 at 1024, 8.3 -> 7.2 at 256). With TABLE (bfloat16 only) each block first fills the
+// around the division's slow path. With TABLE (bfloat16 only) each block first fills the
 // table of rounded sigmoids (hc_sigmoid_table.cuh, before the wait: it reads nothing upstream) and looks g
-// up where no up of the VEC is NaN: the same bits again, in fewer instructions (the kernel was issue-bound,
-// 69% issue-active at 4096 rows; 29 -> 18 instructions an element, measured).
+// up where no up of the VEC is NaN: the same bits again, in fewer instructions (the kernel is issue-bound).
 template <typename T, int VEC, bool TABLE>
 __global__ void __launch_bounds__(TABLE ? kTableEpilogueThreads : kElementwiseThreads, TABLE ? kTableBlocksPerSm : 0)
     HcGateEpilogueKernel(EpilogueArgs<T> a) {
@@ -240,8 +232,8 @@ auto* EpilogueKernel(int vec) {
 
 // Outputs a thread of HcSplitReduceKernel: 4 or 2 where they divide the count, the hidden chunk's
 // alignment (in elements: partial slices start 256-byte aligned) allows it, and kMinReduceBlocks blocks
-// remain (the real shape at 256 rows: 320 blocks of one output a thread, where 4 left 80 blocks and
-// took 11.1 us against 7.8); only the loads widen, no bit changes.
+// remain (the real shape at 256 rows: 320 blocks of one output a thread, where 4 would leave 80 blocks,
+// too few to fill the GPU); only the loads widen, no bit changes.
 constexpr int64_t kMinReduceBlocks = 512;
 int ReduceVec(int64_t count, size_t hidden_align_elements) {
   for (int vec = 4; vec > 1; vec /= 2) {

@@ -1,7 +1,6 @@
-// Device building blocks shared by the fast path's two designs (hc_fast_path.cu: clusters of 8 with
-// distributed shared memory; hc_fast_plain.cu: plain CTAs): the ablation switches, the warp-level
-// tensor-core product, S of four features, the fixed-order group sum, the timeline probe's records and
-// the launch helper. Both designs sum every value through these in the same order.
+// Device building blocks of the fast path's kernels (hc_fast_path.cu): the warp-level tensor-core
+// products, S of four features, the fixed-order group and rank sums, the pre-mix, the timeline probe's
+// records and the ablation switches (HCFUSE_DEV_KNOBS builds only).
 #pragma once
 
 #include <cstddef>
@@ -9,9 +8,9 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/hc_common.cuh"
-#include "cuda/hc_fast_plan.h"
-#include "cuda/hc_ptx.cuh"
+#include "cuda/common/hc_common.cuh"
+#include "cuda/common/hc_ptx.cuh"
+#include "cuda/fast/hc_fast_plan.h"
 
 namespace hcfuse {
 namespace fast {
@@ -22,22 +21,24 @@ using cuda::ToFloat;
 using namespace ptx;
 
 
-// Ablations for bench/README.md's "where the time goes" (build with -DHCFUSE_FAST_ABLATE=<bits>;
-// results are then wrong): 1 skips the weight loads, 2 returns right after the grid-dependency wait,
-// 4 skips the tensor-core products, 8 skips the weight fragments' shared-memory loads (the products run on
-// constant weight fragments).
-#ifndef HCFUSE_FAST_ABLATE
-#define HCFUSE_FAST_ABLATE 0
+// Ablations for "where the time goes" measurements: HCFUSE_FAST_ABLATE=<bits> in a build with
+// HCFUSE_DEV_KNOBS (results are then wrong): 1 skips the weight loads, 2 returns right after the
+// grid-dependency wait, 4 skips the tensor-core products, 8 skips the weight fragments' shared-memory
+// loads (the products run on constant weight fragments). Other builds ignore the macro.
+#if defined(HCFUSE_DEV_KNOBS) && defined(HCFUSE_FAST_ABLATE)
+inline constexpr int kAblate = HCFUSE_FAST_ABLATE;
+#else
+inline constexpr int kAblate = 0;
 #endif
-constexpr bool kAblateWeights = (HCFUSE_FAST_ABLATE & 1) != 0;
-constexpr bool kAblateWork = (HCFUSE_FAST_ABLATE & 2) != 0;
-constexpr bool kAblateMma = (HCFUSE_FAST_ABLATE & 4) != 0;
-constexpr bool kAblateWeightFragments = (HCFUSE_FAST_ABLATE & 8) != 0;
+constexpr bool kAblateWeights = (kAblate & 1) != 0;
+constexpr bool kAblateWork = (kAblate & 2) != 0;
+constexpr bool kAblateMma = (kAblate & 4) != 0;
+constexpr bool kAblateWeightFragments = (kAblate & 8) != 0;
 constexpr int kParts = static_cast<int>(kHcFastSsParts);
 
 // The k loop both warp products share: group(k, steps) issues steps k .. k + steps - 1 (at most CHAINS, step
-// k + c into chain c), then the chains are added in order into out (the fixed order both designs and both
-// operand layouts keep).
+// k + c into chain c), then the chains are added in order into out (the fixed order both operand
+// layouts keep).
 template <int TILES, int CHAINS, typename Group>
 __device__ __forceinline__ void RunChains(int ksteps, Group&& group, const float (&acc)[CHAINS][TILES][4],
                                           float (&out)[TILES][4]) {
@@ -63,7 +64,7 @@ __device__ __forceinline__ void RunChains(int ksteps, Group&& group, const float
 // the chains added in order at the end. The accumulator layout is mma's: lane l holds rows l/4 and
 // l/4 + 8, columns 2 * (l % 4) + {0, 1}.
 // The code runs once per launch on the critical path after the grid-dependency wait, where every
-// instruction counts (bench/README.md): lane addresses are shared-memory byte addresses computed once
+// instruction counts: lane addresses are shared-memory byte addresses computed once
 // and advanced by a constant per step, a missing tile multiplies tile 0's columns into a discarded
 // accumulator instead of branching, and only the last partial group of steps is checked.
 template <typename T, int TILES, int CHAINS>
@@ -79,7 +80,7 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
   const unsigned a_step = 16 * 2, b_step = 16 * 2 * ldb;  // bytes from one k step to the next
   // Every fragment of a group of CHAINS steps is loaded before the group's products are issued: the asm
   // statements keep their program order, and a product issued right after its own loads would wait out
-  // their latency one by one (measured: ~100-170 cycles per product in the timeline probe).
+  // their latency one by one.
   auto group = [&](int k, int steps) {
     unsigned a[CHAINS][4], b[CHAINS][TILES][2];
 #pragma unroll
@@ -105,9 +106,8 @@ __device__ __forceinline__ void WarpMma(const T* A, int a_rows, int lda, const T
   RunChains<TILES, CHAINS>(ksteps, group, acc, out);
 }
 
-// Stage 1's down weights as mma B fragments in registers (the real shape's kernel from 8 rows, HcFastTuning):
-// no shared-memory tile, so the products read no weights from shared memory (measured on an H100, bench/README.md,
-// twenty-second session: those reads cost 0.25-0.7 us a block). Warp w holds columns 32 w .. 32 w + 31 of its
+// Stage 1's down weights as mma B fragments in registers (the real shape's kernel, at every row count):
+// no shared-memory tile, so the products read no weights from shared memory. Warp w holds columns 32 w .. 32 w + 31 of its
 // CTA's K slice, KSTEPS k steps of 16 rows: lane (g = lane / 4, t = lane % 4) the 8 bytes at columns 32 w + 4 g
 // .. + 3 of rows 2t, 2t + 1, 2t + 8 and 2t + 9 of each step. Tile j (0..3) of the warp takes column 32 w + 4 g
 // + j as mma's column g, so its B fragment is that column's k pairs, packed with byte permutes, and its
@@ -257,17 +257,18 @@ __device__ __forceinline__ float SumGroups(const float* p, int groups) {
   return acc;
 }
 
-// Timeline probe (build with -DHCFUSE_FAST_TIMELINE, bench/fast_path_timeline.cu): thread 0 of each CTA
-// writes %globaltimer at its start, after the grid-dependency wait and at its end, and the SM's cycle
-// counter after the wait and at the end, %globaltimer after each phase of the first pass (kPhase1..4;
-// kPhase5: a mark inside a phase, where a kernel sets one) and, at the start, the SM it runs on, into
-// timeline[((slot * kTimelineCtas) + cta) * kTimelineFields + field]. Nothing is recorded in other builds.
+// Timeline probe (HCFUSE_FAST_TIMELINE with HCFUSE_DEV_KNOBS, defined only by the probe's build in
+// bench/timeline): thread 0 of each CTA writes %globaltimer at its start, after the grid-dependency wait
+// and at its end, and the SM's cycle counter after the wait and at the end, %globaltimer after each
+// phase of the first pass (kPhase1..4; kPhase5: a mark inside a phase, where a kernel sets one) and, at
+// the start, the SM it runs on, into timeline[((slot * kTimelineCtas) + cta) * kTimelineFields + field].
+// Nothing is recorded in other builds.
 inline constexpr int kTimelineCtas = 256;
 inline constexpr int kTimelineFields = 11;
 enum TimelineEvent { kTimelineStart = 0, kTimelineWaited = 1, kTimelineEnd = 2, kPhase1 = 5, kPhase2, kPhase3, kPhase4, kPhase5 = 10 };
 inline constexpr int kTimelineSm = 9;
 __device__ __forceinline__ void TimelineMark(unsigned long long* timeline, int slot, TimelineEvent event) {
-#ifdef HCFUSE_FAST_TIMELINE
+#if defined(HCFUSE_DEV_KNOBS) && defined(HCFUSE_FAST_TIMELINE)
   if (timeline != nullptr && threadIdx.x == 0 && blockIdx.x < kTimelineCtas) {
     unsigned long long* rec = timeline + (static_cast<size_t>(slot) * kTimelineCtas + blockIdx.x) * kTimelineFields;
     rec[event] = GlobalTimer();
@@ -281,7 +282,7 @@ __device__ __forceinline__ void TimelineMark(unsigned long long* timeline, int s
 
 // The end-of-CTA record (after every thread is done), timeline probe builds only.
 __device__ __forceinline__ void TimelineEndOfCta(unsigned long long* timeline, int slot) {
-#ifdef HCFUSE_FAST_TIMELINE
+#if defined(HCFUSE_DEV_KNOBS) && defined(HCFUSE_FAST_TIMELINE)
   __syncthreads();
   TimelineMark(timeline, slot, kTimelineEnd);
 #else
@@ -290,7 +291,7 @@ __device__ __forceinline__ void TimelineEndOfCta(unsigned long long* timeline, i
 }
 
 // One value of a group's partial: column c of row i summed over RANKS contributions in rank order
-// (red is [rank][rt][stride]), the order both designs share.
+// (red is [rank][rt][stride]).
 template <int RANKS>
 __device__ __forceinline__ float SumRanks(const float* red, int rt, int stride, int i, int c) {
   float s = 0.0f;
@@ -317,7 +318,7 @@ __device__ __forceinline__ void PreMix(const T* hn_s, const float* g_s, int nr, 
   }
 }
 
-// ---- Host side of both designs.
+// ---- Host side.
 using cuda::Launch;  // hc_common.cuh
 
 }  // namespace fast

@@ -14,7 +14,7 @@
 //   pre_output = RoundToT(scale * sum_c hn * g)   c in order, one FMA a step: HcGateEpilogueKernel's sequence
 // The grid is persistent (one CTA an SM, tiles in row-block-major order); every tile runs the same
 // sequence whatever the row count, so rows are independent and results deterministic.
-#include "cuda/hc_up_gate.h"
+#include "cuda/general/hc_up_gate.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -28,10 +28,10 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include "cuda/hc_common.cuh"
-#include "cuda/hc_fast_plan.h"
-#include "cuda/hc_ptx.cuh"
-#include "cuda/hc_sigmoid_table.cuh"
+#include "cuda/common/hc_common.cuh"
+#include "cuda/common/hc_device_caps.h"
+#include "cuda/common/hc_ptx.cuh"
+#include "cuda/common/hc_sigmoid_table.cuh"
 
 namespace hcfuse {
 namespace cuda {
@@ -51,13 +51,15 @@ constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr unsigned kStageBytes = (kTileM + kTileN) * kTileK * 2;
 constexpr unsigned kHnBytes = kTileM * kTileN * 2;
-// HCFUSE_UP_GATE_ABLATE (timing builds only; results wrong): 1 skips the epilogue after up's packing, 2 the
-// products
-#ifndef HCFUSE_UP_GATE_ABLATE
-#define HCFUSE_UP_GATE_ABLATE 0
+// HCFUSE_UP_GATE_ABLATE=<bits> in a build with HCFUSE_DEV_KNOBS (timing only; results wrong): 1 skips the
+// epilogue after up's packing, 2 the products. Other builds ignore the macro.
+#if defined(HCFUSE_DEV_KNOBS) && defined(HCFUSE_UP_GATE_ABLATE)
+constexpr int kAblate = HCFUSE_UP_GATE_ABLATE;
+#else
+constexpr int kAblate = 0;
 #endif
-constexpr bool kAblateEpilogue = (HCFUSE_UP_GATE_ABLATE & 1) != 0;
-constexpr bool kAblateProducts = (HCFUSE_UP_GATE_ABLATE & 2) != 0;
+constexpr bool kAblateEpilogue = (kAblate & 1) != 0;
+constexpr bool kAblateProducts = (kAblate & 2) != 0;
 
 template <typename T>
 struct MmaOf;
@@ -145,8 +147,7 @@ __device__ __forceinline__ bool FastGates(const uint32_t (&up)[N]) {
     return max(largest & 0xFFFFu, largest >> 16) <= Bf16SigmoidTable::kMaxNotNaN;
   } else {
     // The lowest value and a separate NaN pass, not one pass of comparisons: the one-pass test (the same
-    // answer) measured ~13 us a block slower in the chain at 256 and 1024 rows (H200, bench/README.md, issue 14,
-    // seventeenth session).
+    // answer) was slower in the chain at 256 and 1024 rows.
     float lowest = INFINITY;
     CUTE_UNROLL
     for (int k = 0; k < N; ++k) {
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int m0 = (t / grid.h_tiles) * kTileM, h0 = (t % grid.h_tiles) * kTileH;
     // zeroed here, not only by the first MMA's scale-out: the wgmma operands read the accumulators, which would
     // otherwise stay live through the last tile's epilogue. (Issuing the next tile's first K step before this
-    // tile's epilogue, to run it under the epilogue, measured slower: bench/README.md, issue 14, twelfth session.)
+    // tile's epilogue, to run it under the epilogue, was slower.)
     clear(acc);
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
     for (int kt = 0; kt < grid.k_tiles; ++kt) {

@@ -58,8 +58,8 @@ static_assert(HcSplitCount(10240) == 40, "the real shape's K = C*H = 10240 split
 static_assert(HcSplitCount(320) == 1 && HcSplitCount(16) == 1, "short K is not split");
 
 // ---- The mid range (kHcMidMinRows <= rows < kHcPrefillMinRows): at most kHcMidMaxSlices slices,
-// planned at 256 rows. Measured on an H200 (real shape, bf16, split product + reduction, us): 256 rows
-// 10.3 with 16 slices against 14.0 with 40; 512 rows 13.2 against 19.3. K = 10240: 16 slices of 640.
+// planned at 256 rows (fewer, larger slices than the few-row range: the partials' traffic grows with
+// the rows). K = 10240: 16 slices of 640.
 inline constexpr int64_t kHcMidMinRows = 256;
 inline constexpr int64_t kHcMidMaxSlices = 16;
 constexpr int64_t HcMidSplitCount(int64_t K) { return HcSplitCountUpTo(K, kHcMidMaxSlices); }
@@ -68,18 +68,16 @@ static_assert(HcMidSplitCount(10240) == 16, "the real shape's K = 10240 splits i
 // ---- The prefill range (rows >= kHcPrefillMinRows): enough rows that a few slices fill the GPU
 // (the real shape at 1024 rows: 8 x 3 tiles of 128 x 128 per slice), and each slice costs
 // rows * N * 8 bytes of fp32 partials (written, read back): at most kHcPrefillMaxSlices slices.
-// K = 10240: 4 slices of 2560 (1024 rows: 18.1 us against 41 with 40 slices and 21 with 16).
+// K = 10240: 4 slices of 2560.
 inline constexpr int64_t kHcPrefillMinRows = 1024;
 inline constexpr int64_t kHcPrefillMaxSlices = 4;
 constexpr int64_t HcPrefillSplitCount(int64_t K) { return HcSplitCountUpTo(K, kHcPrefillMaxSlices); }
 static_assert(HcPrefillSplitCount(10240) == 4, "the real shape's K = 10240 splits into 4 slices of 2560 for prefill");
 
 // ---- The long prefill range (rows >= kHcLongPrefillMinRows): the prefill range's split, both products
-// planned at HcLtGemm::kLongPrefillPlanRows. Measured on an H200 (real shape, bf16, ncu, down product +
-// reduction, us): 4096 rows 48.6 planned at 4096 rows (cuBLASLt's 160 x 128 tiles) against 56.4 planned at
-// 1024 (160 x 64); 1024 rows 25.9 against 19.7, so 1024-4095 rows keep the 1024-row plan. (Planned at 16384
-// rows: 48.2 at 4096. Two slices: 52.8; one: 47.2 at 4096 but 37.5 at 1024.) The up product's plan is
-// the same tile either way.
+// planned at HcLtGemm::kLongPrefillPlanRows: cuBLASLt's plan for 4096 rows (larger tiles) is faster
+// there but slower at 1024 rows, so 1024-4095 rows keep the 1024-row plan. The up product's plan is the
+// same tile either way.
 inline constexpr int64_t kHcLongPrefillMinRows = 4096;
 
 // Floats from partial[b] to partial[b + 1] for an M x N product: M*N rounded up to 64 floats, so

@@ -10,8 +10,9 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/hc_device_caps.h"
+
 namespace hcfuse {
-struct HcDeviceCaps;
 namespace cuda {
 
 template <typename T>
