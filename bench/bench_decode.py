@@ -1,4 +1,4 @@
-"""Decode benchmark of HyperConnectionLowRankMix on onnxruntime-gpu (issue 6's reference method).
+"""Decode benchmark of HyperConnectionLowRankMix on onnxruntime-gpu.
 
 A chain of N blocks of the real shape (C=4, H=2560, R=320, Qwen3.8-Flash-Next attributes) with 8
 distinct weight sets cycling (constant initializers, 105 MB in bf16: they do not stay in the 60 MB
@@ -16,7 +16,7 @@ Each session runs under CUDA graphs with IO binding (one captured graph per row 
 fewer replays where a repetition would take over --rep-ms, at least 2); both chains' sessions are
 open together and their repetitions alternate, so both are timed in the same state of the process (the
 general path's chains were measured 7-10% slower once another session's MatMul had run in the process;
-bench/README.md). The SM clock is printed after each variant. Writes a markdown table, a CSV
+see bench/README.md). The SM clock is printed after each variant. Writes a markdown table, a CSV
 and a PNG plot (us per block vs rows, with the memory floor - weights and activations once at
 4.24 TB/s - and the compute floor - 2 (2 K R + K C) flops per row at the matrix rate) into --out.
 
@@ -58,9 +58,17 @@ DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float1
           "fp32": (np.float32, TensorProto.FLOAT)}
 VARIANTS = ("fast", "general", "stock")
 OURS = ("auto", "fast", "general")  # the first of these a row has is hcfuse's figure in the table
-# Extra variants "fast@SS,HID[,CL]": the fast path with HCFUSE_FAST_SS_LOCAL_ROWS=SS,
-# HCFUSE_FAST_HIDDEN_LOCAL_ROWS=HID and HCFUSE_FAST_CLUSTER=CL (how its work is split).
-TUNING_ENV = ("HCFUSE_FAST_SS_LOCAL_ROWS", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS", "HCFUSE_FAST_CLUSTER")
+# Variants that set the library's benchmark switches, which only a library built with
+# -DHCFUSE_DEV_KNOBS=ON reads: PATH/CHOICE (CHOICE below) and fast@SS,HID (the fast path with
+# HCFUSE_FAST_SS_LOCAL_ROWS=SS and HCFUSE_FAST_HIDDEN_LOCAL_ROWS=HID: how its work is split).
+TUNING_ENV = ("HCFUSE_FAST_SS_LOCAL_ROWS", "HCFUSE_FAST_HIDDEN_LOCAL_ROWS")
+SWITCH_CHOICES = {
+    "generic": "the fast path's generic kernels where the real shape's would run (HCFUSE_FAST_REAL_SHAPE=0)",
+    "aheadN": "at most N kernels wait next to a running one (HCFUSE_FAST_AHEAD=N; 0: any)",
+    "stage2-N": "at most N stage 2 CTAs (HCFUSE_FAST_STAGE2_CTAS=N; the real shape: 80 or 160)",
+    "fused-up": "the general path's up product and gate epilogue in one kernel (HCFUSE_UP_GATE=1)",
+    "lt-up": "the general path's up product on cuBLASLt, then the gate epilogue (HCFUSE_UP_GATE=0)",
+}
 SLOW_REPS = 3  # repetitions for chains whose replay takes longer than --slow-ms
 # ONNX Runtime 1.32's own fused op (its two-kernel CUDA design), bf16, H200: its published us per block by
 # rows, drawn next to the measured curves (not measured here: onnxruntime-gpu 1.32 is not published yet)
@@ -121,6 +129,38 @@ def ortvalue(ort, shape, elem: int, host: np.ndarray | None = None):
     return v
 
 
+def switch_env(choice: str) -> dict[str, str]:
+    """The variables a variant's CHOICE (SWITCH_CHOICES) sets; empty for none."""
+    if not choice:
+        return {}
+    if choice == "generic":
+        return {"HCFUSE_FAST_REAL_SHAPE": "0"}
+    if choice.startswith("ahead") and choice[len("ahead"):].isdigit():
+        return {"HCFUSE_FAST_AHEAD": choice[len("ahead"):]}
+    if choice.startswith("stage2-") and choice[len("stage2-"):].isdigit():
+        return {"HCFUSE_FAST_STAGE2_CTAS": choice[len("stage2-"):]}
+    if choice in ("fused-up", "lt-up"):
+        return {"HCFUSE_UP_GATE": "1" if choice == "fused-up" else "0"}
+    raise SystemExit(f"bench_decode: unknown variant choice '/{choice}': one of {', '.join(SWITCH_CHOICES)}")
+
+
+def library_reads_switches(ort) -> bool:
+    """Whether the library was built with HCFUSE_DEV_KNOBS: only such a library refuses a bad HCFUSE_UP_GATE."""
+    from hcfuse.models.hc_block import make_fused_node_model
+
+    model = make_fused_node_model(C=4, H=64, R=8, dtype=np.float16)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(hcfuse.get_library_path())
+    os.environ["HCFUSE_UP_GATE"] = "invalid"
+    try:
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+    except Exception as e:  # onnxruntime's error for a failed kernel creation
+        return "HCFUSE_UP_GATE" in str(e)
+    finally:
+        del os.environ["HCFUSE_UP_GATE"]
+    return False
+
+
 class ChainRunner:
     """One session (one variant, dtype and chain length) with a CUDA graph per row count."""
 
@@ -130,22 +170,9 @@ class ChainRunner:
         if variant not in ("stock", "matmul"):
             so.register_custom_ops_library(hcfuse.get_library_path())
             path, _, tuning = variant.partition("@")
-            path, _, design = path.partition("/")
+            path, _, choice = path.partition("/")
             env["HCFUSE_FORCE_PATH"] = "" if path == "auto" else path  # empty: the op picks
-            if design in ("batched", "unbatched"):  # the cluster design with or without stage 1's batched loads
-                env.update(HCFUSE_FAST_DESIGN="cluster", HCFUSE_FAST_BATCH="1" if design == "batched" else "0")
-            elif design in ("regw", "tile"):  # stage 1's down weights in registers / a shared-memory tile
-                env["HCFUSE_FAST_REG_WEIGHTS"] = "1" if design == "regw" else "0"
-            elif design == "generic":  # the generic kernels where the real shape's would run
-                env["HCFUSE_FAST_REAL_SHAPE"] = "0"
-            elif design.startswith("ahead"):  # aheadN: at most N kernels wait next to a running one (0: any)
-                env["HCFUSE_FAST_AHEAD"] = design[len("ahead"):]
-            elif design.startswith("stage2-"):  # stage2-N: at most N stage 2 CTAs (the real shape: 80 or 160)
-                env["HCFUSE_FAST_STAGE2_CTAS"] = design[len("stage2-"):]
-            elif design in ("fused-up", "lt-up"):  # the general path's up product + gate epilogue fused or not
-                env["HCFUSE_UP_GATE"] = "1" if design == "fused-up" else "0"
-            elif design:
-                env["HCFUSE_FAST_DESIGN"] = design
+            env.update(switch_env(choice))
             if tuning:
                 env.update(zip(TUNING_ENV, tuning.split(",")))
         os.environ.update(env)  # read when the session creates its kernels
@@ -325,7 +352,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                    help=f"any of {', '.join(VARIANTS)}, or fast@SS,HID (the fast path with a work split)")
+                    help=f"any of {', '.join(VARIANTS)}, auto, or (libraries built with -DHCFUSE_DEV_KNOBS=ON) "
+                         f"PATH/CHOICE with CHOICE one of {', '.join(SWITCH_CHOICES)}, or fast@SS,HID (the fast "
+                         "path with a work split)")
     ap.add_argument("--blocks", type=int, nargs=2, default=[48, 96], metavar=("SHORT", "LONG"))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--replays", type=int, default=100)
@@ -346,6 +375,13 @@ def main() -> None:
 
     import onnxruntime as ort
 
+    switched = [v for v in args.variants if "/" in v or "@" in v]
+    for v in switched:
+        switch_env(v.partition("@")[0].partition("/")[2])  # an unknown choice stops here
+    if switched and not library_reads_switches(ort):
+        raise SystemExit(f"bench_decode: the variants {' '.join(switched)} set benchmark switches, but "
+                         f"{hcfuse.get_library_path()} was built without them: build the library with "
+                         "-DHCFUSE_DEV_KNOBS=ON (bench/build_kernels.sh SRC DIR LOG -DHCFUSE_DEV_KNOBS=ON)")
     rng = np.random.default_rng(6)
     short, long_ = args.blocks
     results = []

@@ -8,7 +8,7 @@ RSS (ru_maxrss from wait4) are measured, best of --repeat runs. Models of 24/48/
 (C=4, H=2560, R=320, H x H MatMul stand-in sublayers; 96 blocks hold about 2.5 GB of weights) are
 generated once into --work-dir and removed afterwards unless --keep.
 
-Targets (issue 3): optimize <= 1.5x the floor's time, < 512 MB peak RSS, cost linear in blocks.
+Targets: optimize <= 1.5x the floor's time, < 512 MB peak RSS, cost linear in blocks.
 With --without-value-info the models carry no value_info (as many exporters write them): the fusion
 then derives the shapes it needs from the graph, and the table's fused / prologue columns show that
 every block and every prologue (all but block 0's) is still fused.

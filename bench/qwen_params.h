@@ -1,6 +1,6 @@
 // The real shape (Qwen3.8-Flash-Next: C=4, H=2560, R=320) and its attributes as HcLowRankMixParams, for
-// the C++ probes under bench/ (fast_path_timeline.cu, cpu_stream_micro.cc); the Python side takes the
-// same values from hcfuse._op (QWEN_SHAPE, QWEN_ATTRIBUTES).
+// the C++ probes under bench/ (timeline/fast_path_timeline.cu, cpu_stream_micro.cc); the Python side
+// takes the same values from hcfuse._op (QWEN_SHAPE, QWEN_ATTRIBUTES).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 """Where the fast path's CTAs ran and which were late, from the timeline probe's per-CTA dumps.
 
-    hc_fast_timeline --rows 1 4 16 --designs cluster --dump DIR     # on the GPU machine
+    hc_fast_timeline --rows 1 4 16 --configs default --dump DIR     # on the GPU machine
     python3 bench/timeline_report.py DIR [more CSVs or folders]     # anywhere
 
 For each CSV (one probe config and row count) and each stage, averaged over the dumped blocks, times in us

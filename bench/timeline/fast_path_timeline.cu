@@ -1,9 +1,9 @@
-// Timeline probe of the fast path's real kernels in a decode chain (issue 15): the library's own
-// launcher (LaunchHcFast) runs a chain of blocks of the real shape (C=4, H=2560, R=320, bf16, 8 weight
-// sets cycling, block k+1 fed by block k's outputs as in bench_decode.py) under CUDA graphs with
-// programmatic dependent launch, for each design (cluster, plain) and row count:
+// Timeline probe of the fast path's real kernels in a decode chain: the library's own launcher
+// (LaunchHcFast) runs a chain of blocks of the real shape (C=4, H=2560, R=320, bf16, 8 weight sets
+// cycling, block k+1 fed by block k's outputs as in bench_decode.py) under CUDA graphs with programmatic
+// dependent launch, for each configuration (below) and row count:
 //   - us per block: slope between the 96- and 48-block graphs (best of --reps x 20 replays);
-//   - whether the two designs' final outputs are bitwise equal (they must be);
+//   - whether the configurations' final outputs are bitwise equal (they must be);
 //   - a timeline: thread 0 of every CTA records %globaltimer at its start, after the grid-dependency
 //     wait and at its end (kernels built with HCFUSE_FAST_TIMELINE); averaged over the chain's
 //     steady-state blocks: how many earlier kernels still run when a kernel's first CTA starts, how
@@ -11,11 +11,15 @@
 //     of the previous kernel -> this one's wait returns) and the work after the wait, per stage.
 // --sublayer puts a cuBLAS H x H MatMul (8 weight sets) between blocks, as bench_decode.py's real-model
 // variant does: prev_block_output = MatMul(pre_output), a kernel that does not trigger its dependents
-// early; the chain of MatMuls alone is timed too. --designs picks configs by name; --dump DIR writes
-// every CTA's records of a few steady-state blocks (one CSV per config and row count: the SM, and each
-// event in us from the first block's first start).
-// Built by CMake with -DHCFUSE_FAST_TIMELINE=ON (target hc_fast_timeline); no ONNX Runtime needed.
-//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5] [--sublayer] [--designs cluster cluster+ahead0] [--dump DIR]
+// early; the chain of MatMuls alone is timed too. Configurations: "default" (the library's plan),
+// "ahead0" (no shared-memory padding of the real shape's kernels), "generic" (the generic kernels at the
+// real shape), "nopdl" (no programmatic dependent launch); --configs picks some by name. HCFUSE_FAST_AHEAD
+// and HCFUSE_FAST_STAGE2_CTAS set the tuning of every configuration, as in a HCFUSE_DEV_KNOBS library.
+// --dump DIR writes every CTA's records of a few steady-state blocks (one CSV per config and row count:
+// the SM, and each event in us from the first block's first start).
+// Built by bench/timeline/CMakeLists.txt (the fast path's sources with HCFUSE_DEV_KNOBS and
+// HCFUSE_FAST_TIMELINE); no ONNX Runtime needed.
+//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5] [--sublayer] [--configs default ahead0] [--dump DIR]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -31,12 +35,11 @@
 #include <string>
 #include <vector>
 
-#include "cuda/hc_fast_path.h"
+#include "cuda/fast/hc_fast_path.h"
 #include "qwen_params.h"
 
 namespace {
 
-using hcfuse::HcFastDesign;
 using T = __nv_bfloat16;
 
 constexpr int kC = hcfuse_bench::kQwenC, kH = hcfuse_bench::kQwenH, kR = hcfuse_bench::kQwenR, kK = kC * kH, kSets = 8;
@@ -82,11 +85,6 @@ struct Chain {
   hcfuse::HcDeviceCaps caps;  // the device's, as the library reads them
 };
 
-bool EnvFlag(const char* name) {
-  const char* value = std::getenv(name);
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}
-
 // The library's plan for one block on this device (forced: any row count), PDL as the config says.
 hcfuse::HcFastPlan Plan(const hcfuse::HcLowRankMixParams& p, const hcfuse::HcDeviceCaps& caps,
                         const hcfuse::HcFastTuning& tuning, bool pdl) {
@@ -113,10 +111,9 @@ hcfuse::HcLowRankMixParams Params(int rows, bool prologue) { return hcfuse_bench
 // Enqueues blocks [0, n) on `stream`; slots 2b, 2b + 1 of the timeline for block b when timeline is set.
 struct Config {
   const char* name;
-  HcFastDesign design;
-  bool bulk;
   bool pdl = true;
   int ahead = -1;  // HcFastTuning::kernels_ahead (-1: HCFUSE_FAST_AHEAD or the default)
+  bool real_shape_kernels = true;
 };
 
 void CheckCublas(cublasStatus_t s) {
@@ -152,15 +149,7 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     a.post_gate = c.gate[b];
     a.streams_out = c.streams[b];
     hcfuse::HcFastTuning tuning;
-    tuning.design = cfg.design;
-    tuning.bulk_copies = cfg.bulk;
-    // HCFUSE_FAST_BATCH / HCFUSE_FAST_REAL_SHAPE: on (the defaults) unless "0", as in the library;
-    // HCFUSE_FAST_AHEAD and HCFUSE_FAST_STAGE2_CTAS as in the library
-    tuning.batched_stage1 = EnvFlag("HCFUSE_FAST_BATCH");
-    tuning.real_shape_kernels = EnvFlag("HCFUSE_FAST_REAL_SHAPE");
-    if (const char* regw = std::getenv("HCFUSE_FAST_REG_WEIGHTS"); regw != nullptr && *regw != '\0') {  // as in the library
-      tuning.reg_weights_min_rows = std::strcmp(regw, "1") == 0 ? 0 : INT64_MAX;
-    }
+    tuning.real_shape_kernels = cfg.real_shape_kernels;
     if (const char* ahead = std::getenv("HCFUSE_FAST_AHEAD")) tuning.kernels_ahead = std::atoi(ahead);
     if (cfg.ahead >= 0) tuning.kernels_ahead = cfg.ahead;
     if (const char* ctas = std::getenv("HCFUSE_FAST_STAGE2_CTAS")) tuning.stage2_max_ctas = std::atoi(ctas);
@@ -219,11 +208,11 @@ void DumpRecords(const std::vector<unsigned long long>& rec, int first, int coun
   std::fclose(f);
 }
 
-cudaGraphExec_t Capture(Chain& c, int n, const Config& design, unsigned long long* timeline, cudaStream_t stream) {
+cudaGraphExec_t Capture(Chain& c, int n, const Config& cfg, unsigned long long* timeline, cudaStream_t stream) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  Enqueue(c, n, design, timeline, stream);
+  Enqueue(c, n, cfg, timeline, stream);
   CK(cudaStreamEndCapture(stream, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
   CK(cudaGraphDestroy(g));
@@ -301,7 +290,7 @@ std::vector<KernelSpan> Spans(const std::vector<unsigned long long>& rec, int ke
   return spans;
 }
 
-void PrintTimeline(const std::vector<KernelSpan>& sp, const char* design, int rows) {
+void PrintTimeline(const std::vector<KernelSpan>& sp, const char* config, int rows) {
   const int blocks = static_cast<int>(sp.size()) / 2;
   const int first = blocks / 3, last = 2 * blocks / 3;  // steady state
   double ahead[2] = {0, 0}, resident[2] = {0, 0}, boundary[2] = {0, 0}, work[2] = {0, 0}, spread[2] = {0, 0};
@@ -326,7 +315,7 @@ void PrintTimeline(const std::vector<KernelSpan>& sp, const char* design, int ro
   std::printf("timeline %-16s rows %2d (blocks %d-%d, us): period %.2f | stage 1: ahead %.1f, resident before wait "
               "%.2f, boundary %.2f, wait spread %.2f, work %.2f | stage 2: ahead %.1f, resident %.2f, boundary %.2f, "
               "wait spread %.2f, work %.2f | SM clock during work %.2f GHz\n",
-              design, rows, first, last - 1, period / n, ahead[0] / n, resident[0] / n, boundary[0] / n, spread[0] / n,
+              config, rows, first, last - 1, period / n, ahead[0] / n, resident[0] / n, boundary[0] / n, spread[0] / n,
               work[0] / n, ahead[1] / n, resident[1] / n, boundary[1] / n, spread[1] / n, work[1] / n,
               ns > 0 ? cycles / ns : 0.0);
   double ph[2][5] = {};
@@ -357,7 +346,7 @@ void PrintTimeline(const std::vector<KernelSpan>& sp, const char* design, int ro
 
 int main(int argc, char** argv) {
   std::vector<int> rows_list;
-  std::vector<std::string> designs;
+  std::vector<std::string> names;
   std::string dump_dir;
   int reps = 5;
   bool sublayer = false;
@@ -366,8 +355,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--rows") == 0) {
       while (i + 1 < argc && argv[i + 1][0] != '-') rows_list.push_back(std::atoi(argv[++i]));
-    } else if (std::strcmp(argv[i], "--designs") == 0) {
-      while (i + 1 < argc && argv[i + 1][0] != '-') designs.emplace_back(argv[++i]);
+    } else if (std::strcmp(argv[i], "--configs") == 0) {
+      while (i + 1 < argc && argv[i + 1][0] != '-') names.emplace_back(argv[++i]);
     } else if (std::strcmp(argv[i], "--dump") == 0 && i + 1 < argc) {
       dump_dir = argv[++i];
     } else if (std::strcmp(argv[i], "--sublayer") == 0) {
@@ -424,28 +413,20 @@ int main(int argc, char** argv) {
       c.sub_out.push_back(y);
     }
   }
-  for (const HcFastDesign design : {HcFastDesign::kCluster, HcFastDesign::kPlain}) {  // scratch for either design
-    hcfuse::HcFastTuning tuning;
-    tuning.design = design;
-    c.scratch_bytes = std::max(c.scratch_bytes, Plan(Params(max_rows, true), c.caps, tuning, true).scratch.total);
-  }
+  c.scratch_bytes = Plan(Params(max_rows, true), c.caps, hcfuse::HcFastTuning{}, true).scratch.total;
   CK(cudaMalloc(&c.scratch, c.scratch_bytes));
   unsigned long long* timeline = nullptr;
   const size_t records = static_cast<size_t>(2 * short_n) * kCtas * kFields;
   CK(cudaMalloc(&timeline, records * 8));
 
-  std::printf("| design | rows | us per block (slope 96 vs 48 blocks) |\n|---|---|---|\n");
+  std::printf("| config | rows | us per block (slope 96 vs 48 blocks) |\n|---|---|---|\n");
   std::vector<std::string> timelines;
   for (int rows : rows_list) {
     c.rows = rows;
-    const Config all_configs[] = {{"cluster", HcFastDesign::kCluster, false},
-                                  {"cluster+ahead0", HcFastDesign::kCluster, false, true, 0},
-                                  {"plain", HcFastDesign::kPlain, false},
-                                  {"plain+bulk", HcFastDesign::kPlain, true},
-                                  {"plain+bulk-nopdl", HcFastDesign::kPlain, true, false}};
+    const Config all_configs[] = {{"default"}, {"ahead0", true, 0}, {"generic", true, -1, false}, {"nopdl", false}};
     std::vector<Config> configs;
     for (const Config& cfg : all_configs) {
-      if (designs.empty() || std::find(designs.begin(), designs.end(), cfg.name) != designs.end()) configs.push_back(cfg);
+      if (names.empty() || std::find(names.begin(), names.end(), cfg.name) != names.end()) configs.push_back(cfg);
     }
     const int kConfigs = static_cast<int>(configs.size());
     if (sublayer) {
@@ -465,7 +446,7 @@ int main(int argc, char** argv) {
       std::printf("| %s | %d | %.2f |\n", cfg.name, rows, (t96 - t48) * 1e3 / (long_n - short_n));
       CK(cudaGraphExecDestroy(g96));
       CK(cudaGraphExecDestroy(g48));
-      // final outputs of the 48-block chain (eager), for the bitwise comparison of the designs
+      // final outputs of the 48-block chain (eager), for the bitwise comparison of the configurations
       Enqueue(c, short_n, cfg, nullptr, stream);
       CK(cudaStreamSynchronize(stream));
       auto pre = Download(c.pre[short_n - 1], static_cast<size_t>(rows) * kH);

@@ -1,0 +1,63 @@
+"""One line per (dtype, path, shape, rows): a hash of every output of one fused node, so that two builds
+of the library can be compared bit for bit on a GPU machine:
+
+    HCFUSE_LIBRARY=build/libhcfuse_ops.so python3 bench/output_bits.py > bits.txt
+
+The fast path (HCFUSE_FORCE_PATH=fast) at decode row counts, one pass and several, on the real shape
+(the real shape's kernels) and on two other shapes (the generic kernels); the general path
+(HCFUSE_FORCE_PATH=general) in every row range (few-row, mid, prefill, long prefill), each with a short
+last tile. Constant weights, the prologue and streams_out; seeded, so every run feeds the same values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hcfuse  # noqa: E402
+from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE  # noqa: E402
+from hcfuse.checking._ort_io import run_bound  # noqa: E402
+from hcfuse.checking._session import CUDA, inference_session  # noqa: E402
+from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
+
+SHAPES = {"real": QWEN_SHAPE, "4x1024x64": dict(C=4, H=1024, R=64), "4x256x512": dict(C=4, H=256, R=512)}
+CASES = {  # path -> (shapes, rows)
+    "fast": (list(SHAPES), [1, 2, 3, 4, 8, 16, 33]),
+    "general": (["real"], [1, 17, 257, 1029, 4099]),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--paths", nargs="+", default=list(CASES), choices=list(CASES))
+    args = ap.parse_args()
+    for path in args.paths:
+        shapes, row_counts = CASES[path]
+        os.environ["HCFUSE_FORCE_PATH"] = path  # read when the session creates its kernels
+        for name, dtype in [("bf16", ml_dtypes.bfloat16), ("fp16", np.float16)]:
+            for shape_name in shapes:
+                shape = SHAPES[shape_name]
+                rng = np.random.default_rng(0)
+                weights = random_weights(**shape, dtype=dtype, rng=rng)
+                model = make_fused_node_model(**shape, dtype=dtype, prologue=True, streams_out=True,
+                                              weights_as_inputs=False, weights=weights, **QWEN_ATTRIBUTES)
+                session = inference_session(model, [(CUDA, {})], library=hcfuse.get_library_path())
+                for rows in row_counts:
+                    feeds = random_activations((rows,), shape["C"], shape["H"], dtype, rng, prologue=True)
+                    out = run_bound(session, feeds, device="cuda")
+                    digests = (f"{k}:{hashlib.sha1(np.ascontiguousarray(v).view(np.uint8)).hexdigest()[:10]}"
+                               for k, v in sorted(out.items()))
+                    print(name, path, shape_name, rows, " ".join(digests), flush=True)
+    os.environ.pop("HCFUSE_FORCE_PATH", None)
+
+
+if __name__ == "__main__":
+    main()
