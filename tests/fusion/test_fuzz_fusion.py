@@ -1,4 +1,4 @@
-"""Differential fuzz of the fusion pass (issue 10, item 4): seeded mutants of valid 1-4 block stock chains
+"""Differential fuzz of the fusion pass: seeded mutants of valid 1-4 block stock chains
 (tests/fusion/fuzz/), each run in onnxruntime CPU before and after hcfuse.optimize_with_report on the same feeds.
 The pass must not raise, and the outputs agree within hcfuse.checking.verification's bound, or the block stays
 unfused. `pytest -s -k fuzz` prints the summary (mutants run, fused, unfused by reason); `--fuzz-mutants

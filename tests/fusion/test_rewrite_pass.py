@@ -1,5 +1,5 @@
-"""The fusion as an onnx-ir pass and as onnxscript rules (issue 12 item 3), with per-call state
-(issue 13 item 2): no leak between calls, and threads get the reports sequential calls get."""
+"""The fusion as an onnx-ir pass and as onnxscript rules, with per-call state: no leak between calls,
+and threads get the reports sequential calls get."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from hcfuse import _op
 from hcfuse.rewrite import fuse_with_report, hc_lowrank_mix_rules
 from hcfuse.rewrite.fusion_pass import FusionPassResult
 from hcfuse.models.qwen_decode import make_decode_model
-from tests.fusion.test_fusion import CHAIN_OPS, C, H, R, _assert_same_outputs, _ops
+from tests.fusion._chain import CHAIN_OPS, C, H, R, assert_same_outputs, ops
 
 
 def _proto(num_blocks=3, **options) -> onnx.ModelProto:
@@ -34,8 +34,8 @@ def test_pass_in_a_pass_manager_with_common_passes(hcfuse_lib):
         [hcfuse.HcLowRankMixFusionPass(), RemoveUnusedNodesPass(), TopologicalSortPass(), NameFixPass()])
     result = manager(model)
     assert result.modified and result.model is model
-    assert _ops(model)[_op.OP_TYPE] == 4 and not CHAIN_OPS & set(_ops(model))
-    _assert_same_outputs(original, ir.to_proto(model), hcfuse_lib)
+    assert ops(model)[_op.OP_TYPE] == 4 and not CHAIN_OPS & set(ops(model))
+    assert_same_outputs(original, ir.to_proto(model), hcfuse_lib)
 
 
 def test_pass_result_carries_the_report():
@@ -51,13 +51,13 @@ def test_exported_rules_in_onnxscript_rewrite(hcfuse_lib):
     original = _proto()
     fused = rewriter.rewrite(original, pattern_rewrite_rules=hc_lowrank_mix_rules)
     assert isinstance(fused, onnx.ModelProto)
-    ops = _ops(ir.from_proto(fused))
-    assert ops[_op.OP_TYPE] == 4 and not CHAIN_OPS & set(ops)
+    counts = ops(ir.from_proto(fused))
+    assert counts[_op.OP_TYPE] == 4 and not CHAIN_OPS & set(counts)
     assert not any(i.name.endswith("down_block_inject.MatMul.weight") for i in fused.graph.initializer)  # packed: gone
-    _assert_same_outputs(original, fused, hcfuse_lib)
+    assert_same_outputs(original, fused, hcfuse_lib)
     # the same rule objects on another model: the same result (nothing kept from the first call)
     again = rewriter.rewrite(_proto(), pattern_rewrite_rules=hc_lowrank_mix_rules)
-    assert _ops(ir.from_proto(again)) == ops
+    assert ops(ir.from_proto(again)) == counts
 
 
 def test_rules_keep_nothing_of_a_model_after_a_call():
@@ -93,12 +93,12 @@ def test_concurrent_optimizations_give_the_sequential_reports():
 
 def test_concurrent_rewrites_with_the_shared_exported_rules():
     protos = [_proto(**v) for v in _variants()]
-    sequential = [_ops(ir.from_proto(rewriter.rewrite(p, pattern_rewrite_rules=hc_lowrank_mix_rules)))
+    sequential = [ops(ir.from_proto(rewriter.rewrite(p, pattern_rewrite_rules=hc_lowrank_mix_rules)))
                   for p in protos]
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda p: rewriter.rewrite(p, pattern_rewrite_rules=hc_lowrank_mix_rules),
                                 protos * 2))
-    assert [_ops(ir.from_proto(p)) for p in results] == sequential * 2
+    assert [ops(ir.from_proto(p)) for p in results] == sequential * 2
 
 
 def test_the_pass_docstring_example_runs(tmp_path, monkeypatch, capsys):
@@ -111,5 +111,5 @@ def test_the_pass_docstring_example_runs(tmp_path, monkeypatch, capsys):
     namespace: dict = {}
     exec(compile("\n".join(textwrap.dedent(b) for b in blocks), "fusion_pass example", "exec"), namespace)
     assert capsys.readouterr().out == "True\n4 blocks fused\n"
-    assert _ops(namespace["model"])[_op.OP_TYPE] == 4 and _ops(namespace["fused"])[_op.OP_TYPE] == 4
+    assert ops(namespace["model"])[_op.OP_TYPE] == 4 and ops(namespace["fused"])[_op.OP_TYPE] == 4
     assert (tmp_path / "fused.onnx").exists()

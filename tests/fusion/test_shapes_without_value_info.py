@@ -1,4 +1,4 @@
-"""Shape facts without value_info (issue 10 item 1): the fusion derives the shapes its conditions need
+"""Shapes without value_info: the fusion derives the shapes its conditions need
 from the graph itself, inside the pass (so the Python API gets it too), and fuses a model without
 value_info exactly as it fuses the same model with it."""
 
@@ -14,7 +14,7 @@ from hcfuse import _op
 from hcfuse.rewrite import fuse_with_report
 from hcfuse.rewrite.shape_facts import ShapeFacts
 from hcfuse.models.qwen_decode import make_decode_model
-from tests.fusion.test_fusion import C, H, R, _assert_same_outputs, _ops
+from tests.fusion._chain import C, H, R, assert_same_outputs, ops
 
 
 def _without_value_info(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -41,9 +41,9 @@ def test_fusion_is_the_same_with_and_without_value_info(hcfuse_lib, leading, pac
     actual = fuse_with_report(without_info)
     assert _summary(actual) == _summary(expected)
     assert len(actual.fused) == 5 and sum(b.prologue for b in actual.fused) == 4 and actual.rejected == []
-    assert _ops(without_info)[_op.POST_MIX] == 0
+    assert ops(without_info)[_op.POST_MIX] == 0
     concrete = tuple(d if isinstance(d, int) else 3 for d in leading)
-    _assert_same_outputs(stripped, ir.to_proto(without_info), hcfuse_lib, leading=concrete)
+    assert_same_outputs(stripped, ir.to_proto(without_info), hcfuse_lib, leading=concrete)
 
 
 def test_96_block_chain_without_value_info_fuses_every_prologue():
@@ -51,7 +51,7 @@ def test_96_block_chain_without_value_info_fuses_every_prologue():
     report = fuse_with_report(model)
     assert len(report.fused) == 96 and report.rejected == []
     assert sum(block.prologue for block in report.fused) == 95  # block 0 has none
-    assert _ops(model)[_op.POST_MIX] == 1  # the last injection: no block follows it
+    assert ops(model)[_op.POST_MIX] == 1  # the last injection: no block follows it
     onnx.checker.check_model(ir.to_proto(model))
 
 
