@@ -92,7 +92,13 @@ class _Run:
             raise GenaiConfigError(f"{self.config.path}: model.decoder.filename {self.config.decoder_name!r} is "
                                    f"not in {model_dir}")
         self.decoder = decoder
+        try:  # before anything is written, and as one line about the config's choice
+            model_io.load(os.path.join(self.root, decoder.rel))
+        except model_io.ModelIOError as e:
+            raise GenaiConfigError(f"{self.config.path}: model.decoder.filename {decoder.rel!r} is not a model "
+                                   f"hcfuse can read: {e}") from e
         self.decoder_data = folder_contents.data_files_of(self.root, decoder)
+        self.library_files = self._library_entries()  # before an unfuse drops the option naming one
         self.target.check()  # before any work; again at the commit
 
     def copies(self, skip: set[str]) -> list[folder_contents.Entry]:
@@ -123,7 +129,7 @@ class _Run:
             chosen.append(entry)
         return chosen
 
-    def library_entries(self) -> set[str]:
+    def _library_entries(self) -> set[str]:
         """The files of MODEL_DIR that are hcfuse's library: named as it is, listed as it in the
         folder's manifest, or named by custom_ops_library with the installed library's bytes."""
         manifest = folder_commit.read_manifest(self.root).get("library")
@@ -155,8 +161,7 @@ class _Run:
     def write(self, decoder_step, copy_library: bool | None, progress) -> FolderResult:
         """Builds the new folder beside OUT_DIR (decoder_step(input, output) -> FileResult writes the
         decoder), then commits it unless the decoder step did not commit (failed verification)."""
-        skip = self.library_entries()
-        copies = self.copies(skip)
+        copies = self.copies(self.library_files)
         keep = [self.root, *(e.source for e in self.entries)]
         with folder_commit.staging(self.target, keep) as stage:
             target = os.path.join(stage, self.decoder.rel)
