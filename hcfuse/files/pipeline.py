@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import onnx_ir as ir
 
-from hcfuse.files import model_io, temporaries
+from hcfuse.files import model_io, steps, temporaries
 from hcfuse.files.progress import Progress
 from hcfuse.files.run_files import RunFiles
 from hcfuse.files.unchanged_inputs import InputSignatures
@@ -141,6 +141,7 @@ def optimize_file(
         from hcfuse.checking.verification import verify as run_verify
 
         began = time.perf_counter()
+        steps.reached("verifying")
         options = {"dims": verify_dims} if verify_dims is not None else {}
         outcome = run_verify(original, written, **options)
         (progress or Progress()).stage(f"verified: {outcome.status}")

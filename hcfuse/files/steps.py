@@ -11,6 +11,8 @@ from __future__ import annotations
 # model reading the run's folder written, the commit (one rename), the data under its final name,
 # the model reading it in place.
 FILE_STEPS = ("writing", "written", "staged", "committed", "data-placed", "finalized")
+# hcfuse.files.pipeline: verification of the written model starts (before the commit).
+VERIFY_STEP = "verifying"
 # hcfuse.files.folder_commit, in order: every file of the new folder written beside OUT_DIR, the
 # swap (one rename), the previous folder removed.
 FOLDER_STEPS = ("folder-staged", "folder-committed", "folder-finalized")
