@@ -54,8 +54,8 @@ def _killed_optimize(src: str, out: str, step: str, signame: str = "KILL") -> No
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, RUNNER, step, signame, "--", "optimize", src, "-o", out], env=env,
                           capture_output=True, text=True, timeout=300)
-    expected = -signal.SIGKILL if signame == "KILL" else -signal.SIGINT  # an uncaught Ctrl-C ends by SIGINT
-    assert proc.returncode == expected, (step, proc.returncode, proc.stderr)
+    expected = (-signal.SIGKILL,) if signame == "KILL" else (-signal.SIGINT, 130)  # Ctrl-C: by SIGINT or 130
+    assert proc.returncode in expected, (step, proc.returncode, proc.stderr)
 
 
 @pytest.fixture(scope="module")
