@@ -252,7 +252,9 @@ def test_unfuse_removes_hcfuses_library_however_named(naming, folder, tmp_path):
     genai_folder.optimize_folder(folder, fused)
     library = fused / library_file_name()
     if naming == "absolute":
-        edit_config(fused, lambda c: c["model"]["decoder"]["session_options"].update(custom_ops_library=str(library)))
+        os.rename(library, fused / "ops_abs.so")
+        edit_config(fused, lambda c: c["model"]["decoder"]["session_options"].update(
+            custom_ops_library=str(fused / "ops_abs.so")))
     elif naming == "subfolder":
         (fused / "lib").mkdir()
         os.rename(library, fused / "lib" / "ops.so")
