@@ -18,7 +18,6 @@ import tempfile
 import traceback
 
 from hcfuse import _op
-from hcfuse.reference import DTYPES_BY_NAME
 
 # 0: done (zero fusions is a warning); 1: --verify found the output wrong, nothing written; 2: usage or
 # I/O error; 3: written, but --verify could not run (the summary says why); 130: interrupted (Ctrl-C).
@@ -78,21 +77,19 @@ def _optimize(args) -> int:
 
     result = optimize_file(args.input, args.output, verify=args.verify, report=args.report,
                            infer_shapes=args.infer_shapes, progress=_progress(), debug=args.debug,
-                           **_verify_dims(args))
-    return _print_optimized(args, result)
+                           verify_dims=dict(args.dim) or None)
+    return _print_optimized(args, result, result.output, " and ".join(result.files) or result.output,
+                            result.committed)
 
 
-def _verify_dims(args) -> dict:
-    """optimize's verify_dims keyword, only when --dim was given."""
-    return {"verify_dims": dict(args.dim)} if getattr(args, "dim", None) else {}
-
-
-def _print_optimized(args, result) -> int:
-    """optimize's summary of a hcfuse.files.pipeline.FileResult; its exit code."""
+def _print_optimized(args, result, output: str, written: str, committed: bool) -> int:
+    """optimize's summary of a hcfuse.files.pipeline.FileResult; its exit code. output: the fused model's
+    final path; written: what the run wrote (the files, or the folder); committed: whether it did
+    (False: verification failed)."""
     if args.debug:
         print(json.dumps(result.fusion.to_dict(), indent=1, default=str), file=sys.stderr)
     times = [f"{name} {result.time_s[name]:.2f} s" for name in ("fuse", "verify", "total") if name in result.time_s]
-    lines = [f"hcfuse optimize: {result.input} -> {result.output}", *_summarize_report(result.fusion),
+    lines = [f"hcfuse optimize: {result.input} -> {output}", *_summarize_report(result.fusion),
              *_format_op_counts(result.ops_before, result.ops_after), f"  time: {', '.join(times)}"]
     print("\n".join(lines))
     if not result.fusion.counts_by_rule():
@@ -102,15 +99,15 @@ def _print_optimized(args, result) -> int:
     from hcfuse.checking.verification import FAILED, NOT_VERIFIED
 
     print(result.verify.summary())
-    written = " and ".join(result.files) or result.output
     if result.verify.status == NOT_VERIFIED:
         print(f"hcfuse optimize: NOT VERIFIED: wrote {written}, but could not verify it: {result.verify.reason}",
               file=sys.stderr)
         return EXIT_NOT_VERIFIED
     if result.verify.status == FAILED:
-        kept = "not written" if not getattr(result, "committed", True) else "written"
-        print(f"hcfuse optimize: error: verification failed: {result.output} differs from {result.input} "
-              f"beyond the contract's bound; {result.output} was {kept}", file=sys.stderr)
+        print(f"hcfuse optimize: error: verification failed: {output} differs from {result.input} "
+              f"beyond the contract's bound; " + (f"{written} was written" if committed else
+                                                  f"{args.output} was not written (any previous one is unchanged)"),
+              file=sys.stderr)
         return EXIT_VERIFY_FAILED
     return EXIT_OK
 
@@ -139,8 +136,10 @@ def _genai_folder(args, unfuse: bool = False) -> int:
         result = genai_folder.optimize_folder(args.input, args.output, copy_library=not args.link_library,
                                               verify=args.verify, report=args.report,
                                               infer_shapes=args.infer_shapes, progress=_progress(),
-                                              debug=args.debug, **_verify_dims(args))
-        code = _print_optimized(args, result.pipeline)
+                                              debug=args.debug, verify_dims=dict(args.dim) or None)
+        code = _print_optimized(args, result.pipeline, result.model, args.output, result.committed)
+        if not result.committed:
+            return code
     print(f"hcfuse: onnxruntime-genai folder {args.input} -> {args.output}: {len(result.copied)} other file(s) "
           f"copied; {genai_folder.CONFIG_NAME} custom_ops_library: {result.custom_ops_library or '(none)'}")
     return code
@@ -163,6 +162,7 @@ def _lib_path(args) -> int:
 
 def _demo(args) -> int:
     from hcfuse.models import qwen_decode
+    from hcfuse.reference import DTYPES_BY_NAME
 
     dtype = DTYPES_BY_NAME[args.dtype]
     with tempfile.TemporaryDirectory(prefix="hcfuse-demo-") as tmp:
@@ -228,6 +228,8 @@ def version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hcfuse.reference import DTYPES_BY_NAME  # here, not at import: main catches a Ctrl-C from here on
+
     parser = _Parser(prog="hcfuse", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action=_Version)
@@ -270,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-H", type=_positive, default=64, help="features per branch")
     p.add_argument("-R", type=_positive, default=16, help="gate rank")
     p.add_argument("--out-dir", help="keep the models here (default: a temporary folder)")
-    p.set_defaults(report=None, infer_shapes=False, link_library=False)
+    p.set_defaults(report=None, infer_shapes=False, link_library=False, dim=[])
     add("lib-path", _lib_path, "print the path of the custom-op library", io=False)
     return parser
 

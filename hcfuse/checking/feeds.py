@@ -12,9 +12,9 @@ it must be, else ``rows``. The graph says so in three ways:
 
 Data. Floating-point inputs are normal random; an attention mask is ones; position ids (and
 ``cache_position``) count on from the past length; an integer input used as Gather indices (token
-ids) is random below the gathered axis' size; one used as a shape (Reshape, Expand, Tile,
-ConstantOfShape) is the declared shape of that node's output; an integer input named like a dim holds
-that size (``seqlens_k`` the mask length - 1); other integer inputs are zeros. An input no data can be
+ids) is random below the gathered axis' size; one used as a shape (Reshape, Expand, ConstantOfShape)
+is the declared shape of that node's output (Expand's else ones, as Tile's repeats); an integer input
+named like a dim holds that size (``seqlens_k`` the mask length - 1); other integer inputs are zeros. An input no data can be
 made for (a string, sequence, map or optional input, one without a shape, a shape input whose target
 is not declared) raises NotFeedable: verify reports the model as not verified, naming it.
 """
@@ -124,6 +124,7 @@ def _graph_dims(model: ir.Model) -> tuple[list[str], list[Relation]]:
                 if value in model.graph.inputs and str(symbol) not in names:
                     names.append(str(symbol))
     relations += _concat_relations(model, _inferred_shapes(model))
+    relations = list({(r.name, r.expression): r for r in relations}.values())  # every layer's Concat states the same one
     defined = {r.name for r in relations}
     every = {str(s) for r in relations for s in r.expression.free_symbols} | set(names) | defined
     if {_GENAI_TOTAL, _GENAI_PAST, _GENAI_SEQUENCE} <= every and _GENAI_TOTAL not in defined:
@@ -198,6 +199,8 @@ def _integer_data(model: ir.Model, value: ir.Value, shape: list[int], sizes: dic
         return np.broadcast_to(np.arange(start, start + length), shape) if shape else np.array(start)
     if value.name in sizes:
         return np.full(shape, sizes[value.name])
+    if value.name == _GENAI_TOTAL and mask_length is not None:
+        return np.full(shape, mask_length)
     if name == "seqlens_k" and mask_length is not None:
         return np.full(shape, mask_length - 1)
     for node, index in value.uses():
