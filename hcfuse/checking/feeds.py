@@ -1,7 +1,9 @@
 """Inputs that verify runs both models on: a size for every symbolic dim and data for every graph input.
 
 Sizes. A symbolic dim takes the size the caller names for it (``dims``), else what the graph says
-it must be, else ``rows``. The graph says so in three ways:
+it must be, else ``rows`` (but a genai decoder's ``sequence_length`` is 1 beside a past: a decode
+step, since GroupQueryAttention takes several new tokens after a past only at batch size 1). The
+graph says so in three ways:
 - a dim written as an expression (``past_sequence_length + 1``) is that expression of its names;
 - a Concat whose output dim is a name and whose inputs' dims along the axis are known (ONNX shape
   inference fills the intermediate ones) makes that name their sum: a KV cache's
@@ -173,7 +175,8 @@ def resolve_dims(model: ir.Model, given: dict[str, int] | None, rows: int) -> di
         free = [n for n in order if n not in sizes and n not in defined] or [n for n in order if n not in sizes]
         if not free:
             return sizes
-        sizes[free[0]] = rows
+        decode_step = free[0] == _GENAI_SEQUENCE and _GENAI_PAST in known_names
+        sizes[free[0]] = 1 if decode_step else rows
 
 
 def _symbols(sizes: dict[str, int]) -> dict:

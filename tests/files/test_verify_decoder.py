@@ -90,6 +90,50 @@ def decoder_model(*, key_shape_input: bool = True) -> onnx.ModelProto:
     return model
 
 
+def gqa_decoder_model() -> onnx.ModelProto:
+    """The attention as onnxruntime-genai's builder writes it: GroupQueryAttention reads the KV cache
+    (no Concat), seqlens_k and total_sequence_length come from the attention mask; only the dim names
+    relate present [.., total_sequence_length, ..] to past [.., past_sequence_length, ..]."""
+    model = make_decode_model(2, C=C, H=H, R=R, leading_dims=("batch_size", "sequence_length"))
+    graph = model.graph
+    [embeds] = [v for v in graph.input if v.name == "inputs_embeds"]
+    graph.input.remove(embeds)
+    batch, seq, past, total = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
+    inputs = [helper.make_tensor_value_info("input_ids", I64, [batch, seq]),
+              helper.make_tensor_value_info("attention_mask", I64, [batch, total])]
+    outputs = [helper.make_tensor_value_info("attn_output", F32, [batch, seq, HEADS * HEAD])]
+    for kind in ("key", "value"):
+        inputs.append(helper.make_tensor_value_info(f"past_key_values.0.{kind}", F32, [batch, 1, past, HEAD]))
+        outputs.append(helper.make_tensor_value_info(f"present.0.{kind}", F32, [batch, 1, total, HEAD]))
+    initializers = [
+        _tensor("embed_tokens", [VOCAB, H]), _tensor("q_proj", [H, HEADS * HEAD], seed=2),
+        _tensor("k_proj", [H, HEAD], seed=3), _tensor("v_proj", [H, HEAD], seed=4),
+        onnx.numpy_helper.from_array(np.array([1], np.int64), "axis_1"),
+        onnx.numpy_helper.from_array(np.array(1, np.int64), "one"),
+    ]
+    node = helper.make_node
+    nodes = [
+        node("Gather", ["embed_tokens", "input_ids"], ["inputs_embeds"], name="embed_tokens/Gather"),
+        *(node("MatMul", ["inputs_embeds", f"{p}_proj"], [p], name=f"{p}_proj/MatMul") for p in "qkv"),
+        node("ReduceSum", ["attention_mask", "axis_1"], ["mask_sum"], name="mask/ReduceSum", keepdims=0),
+        node("Sub", ["mask_sum", "one"], ["seqlens_k_64"], name="mask/Sub"),
+        node("Cast", ["seqlens_k_64"], ["seqlens_k"], name="mask/Cast", to=TensorProto.INT32),
+        node("Shape", ["attention_mask"], ["mask_shape"], name="mask/Shape"),
+        node("Gather", ["mask_shape", "one"], ["total_64"], name="mask/Gather", axis=0),
+        node("Cast", ["total_64"], ["total_length"], name="mask/Cast_total", to=TensorProto.INT32),
+        node("GroupQueryAttention", ["q", "k", "v", "past_key_values.0.key", "past_key_values.0.value", "seqlens_k",
+                                     "total_length"], ["attn_output", "present.0.key", "present.0.value"],
+             name="attn/GroupQueryAttention", domain=_op.DOMAIN, num_heads=HEADS, kv_num_heads=1),
+    ]
+    existing = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*nodes, *existing])
+    graph.input.extend(inputs)
+    graph.initializer.extend(initializers)
+    graph.output.extend(outputs)
+    return model
+
+
 def with_input(model: onnx.ModelProto, value: onnx.ValueInfoProto, node: onnx.NodeProto,
                output: onnx.ValueInfoProto) -> onnx.ModelProto:
     """model with one more input, consumed by node, whose result is one more output."""
@@ -140,7 +184,7 @@ def test_decoder_feeds_are_consistent(decoder):
 @pytest.mark.parametrize("given, derived", [
     ({"batch_size": 1, "past_sequence_length": 5, "sequence_length": 2}, {"total_sequence_length": 7}),
     ({"total_sequence_length": 9, "sequence_length": 1}, {"past_sequence_length": 8, "batch_size": 3}),
-    ({"total_sequence_length": 4}, {"past_sequence_length": 1, "sequence_length": 3}),
+    ({"total_sequence_length": 4}, {"past_sequence_length": 3, "sequence_length": 1}),  # a decode step
 ])
 def test_dims_by_name(hcfuse_lib, decoder, fused_decoder, given, derived):
     result = hcfuse.verify(decoder, fused_decoder, providers=CPU, dims=given)
@@ -157,6 +201,23 @@ def test_dims_by_name(hcfuse_lib, decoder, fused_decoder, given, derived):
 def test_dims_that_contradict_the_graph_are_refused(decoder, fused_decoder, given, message):
     with pytest.raises(ValueError, match=message):
         hcfuse.verify(decoder, fused_decoder, providers=CPU, dims=given)
+
+
+def test_genai_decoder_with_group_query_attention_verifies(hcfuse_lib):
+    """A decode step by default (GroupQueryAttention refuses several new tokens after a past unless the
+    batch is 1); sizes that onnxruntime refuses make the model not verified, with its reason."""
+    model = gqa_decoder_model()
+    fused = hcfuse.optimize(model)
+    result = hcfuse.verify(model, fused, providers=CPU)
+    assert result.status == verification.PASSED, result.summary()
+    assert result.dims == {"batch_size": 3, "sequence_length": 1, "past_sequence_length": 3,
+                           "total_sequence_length": 4}
+    prefill = {"batch_size": 1, "sequence_length": 5, "past_sequence_length": 2}
+    assert hcfuse.verify(model, fused, providers=CPU, dims=prefill).status == verification.PASSED
+    refused = hcfuse.verify(model, fused, providers=CPU, dims={"batch_size": 2, "sequence_length": 2})
+    assert refused.status == verification.NOT_VERIFIED
+    assert "GroupQueryAttention" in refused.reason and "batch_size must be 1" in refused.reason
+    assert "--dim NAME=VALUE" in refused.reason
 
 
 def test_genai_dim_names_relate_without_a_concat():
@@ -270,7 +331,7 @@ def run_cli(capsys, *argv):
 def test_cli_verifies_a_decoder_with_dims(hcfuse_lib, decoder_file, tmp_path, capsys):
     dst = str(tmp_path / "fused.onnx")
     code, out, err = run_cli(capsys, "optimize", decoder_file, "-o", dst, "--verify",
-                             "--dim", "batch_size=1", "--dim", "past_sequence_length=6")
+                             "--dim", "batch_size=1", "--dim", "past_sequence_length=6", "--dim", "sequence_length=3")
     assert code == EXIT_OK, out + err
     assert "PASSED" in out
     assert "batch_size=1" in out and "past_sequence_length=6" in out and "total_sequence_length=9" in out
