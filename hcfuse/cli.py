@@ -256,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", metavar="NAME=SIZE", type=_dim, action="append", default=[],
                    help="with --verify: the size of the input dim NAME (repeatable, e.g. --dim batch_size=1 "
                         "--dim past_sequence_length=15); dims not given follow from the graph (total = past + "
-                        "sequence) or are 3")
+                        "sequence) or are 3 (a decoder's sequence_length 1: a decode step)")
     p.add_argument("--report", metavar="FILE.json", help="write the fusion report as JSON")
     p.add_argument("--infer-shapes", action="store_true", help="run symbolic shape inference after fusing")
     p.add_argument("--link-library", action="store_true",

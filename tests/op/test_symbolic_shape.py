@@ -370,7 +370,7 @@ def _fused_chain(n_blocks: int, elem=F32) -> onnx.ModelProto:
 
 
 def _unfused_chain(n_blocks: int, elem=F32) -> onnx.ModelProto:
-    """The stock chain of SPEC.md with the same value names for S, pre and gate as _fused_chain."""
+    """The stock chain (docs/NUMERICS.md) with the same value names for S, pre and gate as _fused_chain."""
     _, inits = _weights(elem, C4, H16, R8)
     inits += [helper.make_tensor("gate_div", elem, [], [4.0]), helper.make_tensor("gate_mul", elem, [], [2.0])]
 
