@@ -158,7 +158,7 @@ class _Run:
             return False
         return os.path.isfile(path) and filecmp.cmp(path, installed, shallow=False)
 
-    def write(self, decoder_step, copy_library: bool | None, progress) -> FolderResult:
+    def write(self, decoder_step, copy_library: bool | None) -> FolderResult:
         """Builds the new folder beside OUT_DIR (decoder_step(input, output) -> FileResult writes the
         decoder), then commits it unless the decoder step did not commit (failed verification)."""
         copies = self.copies(self.library_files)
@@ -212,7 +212,7 @@ def optimize_folder(model_dir, out_dir, *, copy_library: bool = True, verify: bo
         return optimize_file(source, target, verify=verify, infer_shapes=infer_shapes, progress=progress,
                              debug=debug, verify_dims=verify_dims)
 
-    result = run.write(fuse, copy_library, progress)
+    result = run.write(fuse, copy_library)
     if run.report is not None:
         write_json_atomic(run.report, result.pipeline.to_dict())
         result.pipeline.report = run.report
@@ -231,4 +231,4 @@ def unfuse_folder(model_dir, out_dir, *, progress=None) -> FolderResult:
     def expand(source: str, target: str) -> FileResult:
         return unfuse_file(source, target, progress=progress)
 
-    return run.write(expand, None, progress)
+    return run.write(expand, None)

@@ -323,3 +323,17 @@ def test_config_problems_are_one_line(command, case, message, folder, tmp_path, 
     assert tree(folder) == before and not os.path.exists(tmp_path / "out")
     with pytest.raises(ValueError, match=message.split(";")[0]):
         (genai_folder.optimize_folder if command == "optimize" else genai_folder.unfuse_folder)(folder, tmp_path / "o2")
+
+
+def test_without_rename_exchange_the_folder_is_swapped_by_renames(folder, tmp_path, monkeypatch):
+    """On a filesystem without RENAME_EXCHANGE the previous folder goes aside, the new one in."""
+    from hcfuse.files import folder_commit
+
+    out = tmp_path / "out"
+    genai_folder.optimize_folder(folder, out)
+    first = tree(out)
+    monkeypatch.setattr(folder_commit, "_exchange", lambda a, b: False)
+    os.remove(os.path.join(folder, "special_tokens_map.json"))
+    genai_folder.optimize_folder(folder, out)
+    assert sorted(tree(out)) == sorted(set(first) - {"special_tokens_map.json"})
+    assert sorted(os.listdir(tmp_path)) == ["model", "out"]
