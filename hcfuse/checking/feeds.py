@@ -1,9 +1,9 @@
 """Inputs that verify runs both models on: a size for every symbolic dim and data for every graph input.
 
 Sizes. A symbolic dim takes the size the caller names for it (``dims``), else what the graph says
-it must be, else ``rows`` (but a genai decoder's ``sequence_length`` is 1 beside a past: a decode
-step, since GroupQueryAttention takes several new tokens after a past only at batch size 1). The
-graph says so in three ways:
+it must be, else ``rows``; a genai decoder's ``sequence_length`` beside a past defaults to 1 instead
+(a decode step: GroupQueryAttention takes several new tokens after a past only at batch size 1).
+The graph says what a dim must be in three ways:
 - a dim written as an expression (``past_sequence_length + 1``) is that expression of its names;
 - a Concat whose output dim is a name and whose inputs' dims along the axis are known (ONNX shape
   inference fills the intermediate ones) makes that name their sum: a KV cache's
@@ -16,9 +16,10 @@ Data. Floating-point inputs are normal random; an attention mask is ones; positi
 ``cache_position``) count on from the past length; an integer input used as Gather indices (token
 ids) is random below the gathered axis' size; one used as a shape (Reshape, Expand, ConstantOfShape)
 is the declared shape of that node's output (Expand's else ones, as Tile's repeats); an integer input
-named like a dim holds that size (``seqlens_k`` the mask length - 1); other integer inputs are zeros. An input no data can be
-made for (a string, sequence, map or optional input, one without a shape, a shape input whose target
-is not declared) raises NotFeedable: verify reports the model as not verified, naming it.
+named like a dim holds that size (``seqlens_k`` the mask length - 1); other integer inputs are zeros.
+An input no data can be made for (a string, sequence, map or optional input, one without a shape, a
+shape input whose target is not declared) raises NotFeedable: verify reports the model as not
+verified, naming it.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def _graph_dims(model: ir.Model) -> tuple[list[str], list[Relation]]:
                 if value in model.graph.inputs and str(symbol) not in names:
                     names.append(str(symbol))
     relations += _concat_relations(model, _inferred_shapes(model))
-    relations = list({(r.name, r.expression): r for r in relations}.values())  # every layer's Concat states the same one
+    # every layer's Concat states the same relation: keep one
+    relations = list({(r.name, r.expression): r for r in relations}.values())
     defined = {r.name for r in relations}
     every = {str(s) for r in relations for s in r.expression.free_symbols} | set(names) | defined
     if {_GENAI_TOTAL, _GENAI_PAST, _GENAI_SEQUENCE} <= every and _GENAI_TOTAL not in defined:

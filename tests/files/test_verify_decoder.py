@@ -224,7 +224,8 @@ def test_genai_dim_names_relate_without_a_concat():
     """The builder's GroupQueryAttention reads the KV cache without a Concat: its names carry total = past + seq."""
     names = ("batch_size", "sequence_length"), ("batch_size", "total_sequence_length")
     values = [helper.make_tensor_value_info(n, I64, list(s)) for n, s in zip(("input_ids", "attention_mask"), names)]
-    values.append(helper.make_tensor_value_info("past_key_values.0.key", F32, ["batch_size", 2, "past_sequence_length", 4]))
+    past = ["batch_size", 2, "past_sequence_length", 4]
+    values.append(helper.make_tensor_value_info("past_key_values.0.key", F32, past))
     outputs = [helper.make_tensor_value_info(f"{v.name}_out", v.type.tensor_type.elem_type, None) for v in values]
     nodes = [helper.make_node("Identity", [v.name], [o.name]) for v, o in zip(values, outputs)]
     model = ir.from_proto(helper.make_model(helper.make_graph(nodes, "g", values, outputs)))
