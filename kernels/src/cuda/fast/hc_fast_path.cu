@@ -189,7 +189,7 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
             if constexpr (PRO) pv[b] = LoadVec4<T>(prow + q);
           }
 #pragma unroll
-          for (int b = 0; b < kBatch; ++b) {  // the same q order as below: the same sum
+          for (int b = 0; b < kBatch; ++b) {  // q ascending, 128 features a step: the sum's fixed order
             const int q = q0 + b * 128;
             if (q >= L) continue;
             float s[4];
