@@ -85,7 +85,7 @@ def fused_chain_model(weight_sets: list[dict[str, np.ndarray]], num_blocks: int,
     """num_blocks fused nodes, block k using weight_sets[k % len(weight_sets)] (initializers, so the
     weights are constant). Block k+1 takes streams = streams_out_k, prev_block_output = pre_output_k
     (an identity sublayer) and prev_post_gate = post_gate_k; block 0 has no prologue. Graph outputs:
-    the last block's pre_output, post_gate and streams_out under SPEC's names."""
+    the last block's pre_output, post_gate and streams_out under the op's output names."""
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     inits = [numpy_helper.from_array(np.asarray(w[n]).astype(dtype), f"w{j}_{n}")
              for j, w in enumerate(weight_sets) for n in WEIGHT_INPUTS]

@@ -73,7 +73,7 @@ def make_fused_node_model(
     weights: dict[str, np.ndarray] | None = None,
     **attrs,
 ) -> onnx.ModelProto:
-    """A model of one fused node; graph inputs/outputs carry SPEC's names.
+    """A model of one fused node; graph inputs/outputs carry the op's input and output names (hcfuse._op).
 
     leading_dims are ints or symbolic names. With weights_as_inputs=False the four weights are
     initializers taken from ``weights`` (see random_weights). attrs override attribute defaults;

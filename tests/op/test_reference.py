@@ -2,7 +2,7 @@
 
 Two layers. Per site: each stock node is fed the reference's own inputs of that step and compared
 with the reference's output of that step, so a difference belongs to that node alone and is bounded
-by what the node does differently from SPEC's contract. End to end: the whole stock chain against
+by what the node does differently from the numerics contract (docs/NUMERICS.md). End to end: the whole stock chain against
 the reference, differences reported in ulp and asserted in ulps of the row's largest value.
 
 Why they differ, site by site (measured at onnxruntime 1.31.1, x86-64):
@@ -70,7 +70,7 @@ STEP_SITES = ("hn", "down", "hidden", "up", "g", "inject")
 
 def make_stock_chain(*, C, H, R, dtype, prologue, epsilon=1e-5, reduction_scale=1.0, silu_alpha=1.0,
                      gate_div=1.0, gate_mul=1.0, expose=STEP_SITES) -> onnx.ModelProto:
-    """SPEC's unfused block: PostMix?, BranchwiseRMSNorm, MatMul, ScaledSiLU, MatMul, Sigmoid, PreMix,
+    """The stock unfused block: PostMix?, BranchwiseRMSNorm, MatMul, ScaledSiLU, MatMul, Sigmoid, PreMix,
     MatMul, Div?, Sigmoid, Mul?; its outputs are named like the fused op's, plus the intermediate
     steps in expose (named like hcfuse.reference's steps)."""
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))

@@ -90,11 +90,11 @@ def _assert_fully_inferred(model: onnx.ModelProto) -> None:
     assert not partial, f"{len(partial)} values not fully inferred, e.g. {list(partial.items())[:3]}"
 
 
-# ---- the reviewer's case (issue 4) ------------------------------------------------------------
+# ---- a fused node beside a stock PreMix ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("outputs", [2, 3], ids=["two_outputs", "three_outputs"])
-def test_reviewers_case(outputs, in_tmp_path):
+def test_fused_node_beside_a_stock_premix(outputs, in_tmp_path):
     model = _one_node(("batch",), c=2, h=8, r=8, outputs=outputs)
     model.graph.node.append(helper.make_node(PRE_MIX, ["streams", "streams"], ["premix"], domain=DOMAIN, num_branches=2))
     model.graph.output.append(helper.make_empty_tensor_value_info("premix"))
