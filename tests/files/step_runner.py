@@ -19,6 +19,9 @@ def main(argv: list[str]) -> int:
     step, _, nth = target.partition("@")
     wanted = int(nth or 1)
     sig = {"KILL": signal.SIGKILL, "INT": signal.SIGINT}[signame]
+    # a suite started in the background by a non-interactive shell inherits SIGINT ignored; a user's Ctrl-C
+    # reaches a process that handles it, so restore Python's handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     seen = {"count": 0}
 
     from hcfuse.cli import main as hcfuse_main

@@ -24,6 +24,7 @@ HCFUSE_HOME = os.path.dirname(os.path.dirname(os.path.abspath(hcfuse.__file__)))
 # argv: MODULE:FUNCTION then hcfuse's arguments; SIGINT on entering FUNCTION
 CHILD = """
 import importlib, os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background parent may have left SIGINT ignored
 from hcfuse.cli import main
 module_name, name = sys.argv[1].split(":")
 module = importlib.import_module(module_name)
