@@ -28,6 +28,7 @@ import shutil
 from collections.abc import Iterator
 
 from hcfuse.files import model_io, steps, temporaries
+from hcfuse.files.paths import fsync_path
 
 MANIFEST = ".hcfuse_manifest.json"
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
@@ -110,8 +111,8 @@ def commit(target: FolderTarget, stage: str, files: list[str], library: str | No
         f.write("\n")
     for root, _, names in os.walk(stage):
         for name in names:
-            _fsync(os.path.join(root, name))
-        _fsync(root)
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
     steps.reached("folder-staged")
     with model_io.directory_lock(target.parent):
         target.check()  # again: another run or a user may have changed OUT_DIR meanwhile
@@ -120,17 +121,9 @@ def commit(target: FolderTarget, stage: str, files: list[str], library: str | No
         elif not _exchange(stage, target.path):
             _swap_by_renames(stage, target.path)
         steps.reached("folder-committed")
-        _fsync(target.parent)
+        fsync_path(target.parent)
     shutil.rmtree(stage, ignore_errors=True)  # the previous folder
     steps.reached("folder-finalized")
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _exchange(a: str, b: str) -> bool:

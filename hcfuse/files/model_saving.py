@@ -32,7 +32,7 @@ from hcfuse.files.errors import ModelIOError, one_line
 from hcfuse.files.model_checks import external_data_problem
 from hcfuse.files.model_loading import (EXTERNAL_THRESHOLD_BYTES, external_tensors, locations,
                                         needs_external_data, tensor_protos)
-from hcfuse.files.paths import data_file_name
+from hcfuse.files.paths import data_file_name, fsync_path
 
 try:
     import fcntl
@@ -57,14 +57,6 @@ def directory_lock(directory: str) -> Iterator[None]:
     finally:
         if fd is not None:
             os.close(fd)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_relocated(source: str, target: str, location: str) -> None:
@@ -113,7 +105,7 @@ class StagedModel:
         directory = os.path.dirname(self.path)
         data_name = data_file_name(self.path)
         if not self.external:
-            _fsync(self.model_path)
+            fsync_path(self.model_path)
             with directory_lock(directory):
                 data_path = os.path.join(directory, data_name)
                 previous_data = (os.path.exists(data_path) and os.path.exists(self.path)
@@ -125,7 +117,7 @@ class StagedModel:
                         os.unlink(data_path)
             return [self.path]
         staged_path = os.path.join(tmp, name + ".staged")
-        _fsync(os.path.join(tmp, data_name))
+        fsync_path(os.path.join(tmp, data_name))
         _write_relocated(self.model_path, staged_path, f"{os.path.basename(tmp)}/{data_name}")
         steps.reached("staged")
         with directory_lock(directory):

@@ -1,5 +1,5 @@
 """Path rules shared by the file layer: the data file beside a model, one file under two names, a
-writable output path."""
+writable output path, a file or folder flushed to disk."""
 
 from __future__ import annotations
 
@@ -27,3 +27,12 @@ def check_writable(path: str | os.PathLike, what: str = "output") -> None:
         raise ModelIOError(f"{path}: {what} directory {directory} does not exist")
     if os.path.isdir(path):
         raise ModelIOError(f"{path}: is a directory, expected a {what} file path")
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flushes a file, or a folder's entries, to disk (a commit's renames survive a power loss)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -51,7 +51,7 @@ from hcfuse._op import (
     STREAMS_OUT,
     UP_WEIGHT,
 )
-from hcfuse.shapes.schema import register_schema
+from hcfuse.shapes.schema import node_form_problem, register_schema
 
 __all__ = [
     "HcSymbolicShapeInference",
@@ -90,17 +90,10 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
     """
     where = f"{OP_TYPE} node {node.name or node.output[0]!r}"
     attr = next((a for a in node.attribute if a.name == "num_branches"), None)
-    if attr is None:
-        raise ValueError(f"{where}: required attribute num_branches is missing")
-    if attr.type != onnx.AttributeProto.INT:
-        raise ValueError(f"{where}: num_branches must be an INT attribute; got a "
-                         f"{onnx.AttributeProto.AttributeType.Name(attr.type)} attribute")
+    problem = node_form_problem(attr, len(node.input), len(node.output))
+    if problem:
+        raise ValueError(f"{where}: {problem}")
     c = attr.i
-    if c <= 0:
-        raise ValueError(f"{where}: num_branches must be > 0; got {c}")
-    for what, count, names in (("outputs", len(node.output), OUTPUTS), ("inputs", len(node.input), INPUTS)):
-        if count > len(names):
-            raise ValueError(f"{where}: has {count} {what}; the op has at most {len(names)} ({', '.join(names)})")
     names = [_input_name(node, i) for i in range(len(INPUTS))]
     missing = [INPUTS[i] for i in range(NUM_REQUIRED_INPUTS) if not names[i]]
     if missing:

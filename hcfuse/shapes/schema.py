@@ -207,24 +207,30 @@ def _merge_leading(where: str, lead: list[tuple[str, list[Dim]]]) -> list[Dim] |
     return merged
 
 
+def node_form_problem(num_branches, num_inputs: int, num_outputs: int) -> str | None:
+    """What is wrong with a node's num_branches attribute (an AttributeProto or None) and its number of
+    inputs and outputs, or None: the checks the schema and onnxruntime's symbolic handler share."""
+    if num_branches is None:
+        return "required attribute num_branches is missing"
+    if num_branches.type != onnx.AttributeProto.INT:
+        return (f"num_branches must be an INT attribute; got a "
+                f"{onnx.AttributeProto.AttributeType.Name(num_branches.type)} attribute")
+    if num_branches.i <= 0:
+        return f"num_branches must be > 0; got {num_branches.i}"
+    for what, count, names in (("outputs", num_outputs, OUTPUTS), ("inputs", num_inputs, INPUTS)):
+        if count > len(names):
+            return f"has {count} {what}; the op has at most {len(names)} ({', '.join(names)})"
+    return None
+
+
 def _infer(ctx) -> None:
     """Type and shape inference: fill what the known facts imply, raise only on contradictions."""
     where = f"{OP_TYPE} ({ctx.get_display_name()})"
     attr = ctx.get_attribute("num_branches")
-    if attr is None:
-        raise InferenceError(f"{where}: required attribute num_branches is missing")
-    if attr.type != onnx.AttributeProto.INT:
-        raise InferenceError(f"{where}: num_branches must be an INT attribute; got a "
-                             f"{onnx.AttributeProto.AttributeType.Name(attr.type)} attribute")
+    problem = node_form_problem(attr, ctx.get_num_inputs(), ctx.get_num_outputs())
+    if problem:
+        raise InferenceError(f"{where}: {problem}")
     c = attr.i
-    if c <= 0:
-        raise InferenceError(f"{where}: num_branches must be > 0; got {c}")
-    if ctx.get_num_outputs() > len(OUTPUTS):
-        raise InferenceError(f"{where}: has {ctx.get_num_outputs()} outputs; the op has at most {len(OUTPUTS)} "
-                             f"({', '.join(OUTPUTS)})")
-    if ctx.get_num_inputs() > len(INPUTS):
-        raise InferenceError(f"{where}: has {ctx.get_num_inputs()} inputs; the op has at most {len(INPUTS)} "
-                             f"({', '.join(INPUTS)})")
 
     n_in = ctx.get_num_inputs()
     present = [i for i in range(n_in) if ctx.has_input(i)]
