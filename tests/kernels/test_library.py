@@ -197,6 +197,21 @@ def test_int_attribute_given_as_float(make_session):
     _expect_ort_error(lambda: make_session(model), "attribute num_branches must be an int; got the float 2")
 
 
+@pytest.mark.parametrize(("attribute", "expected"), [
+    (helper.make_attribute("num_branches", "2"), 'attribute num_branches must be an int; got the string "2"'),
+    (helper.make_attribute("num_branches", [2, 2]), "attribute num_branches must be an int; got a list of 2 ints"),
+    (helper.make_attribute("epsilon", "1e-5"), 'attribute epsilon must be a float; got the string "1e-5"'),
+    (helper.make_attribute("gate_div", [4.0]), "attribute gate_div must be a float; got a list of 1 floats"),
+], ids=["num_branches-string", "num_branches-ints", "epsilon-string", "gate_div-floats"])
+def test_attribute_of_another_type_is_named_with_what_it_holds(make_session, attribute, expected):
+    model = _untyped_model()
+    attrs = model.graph.node[0].attribute
+    keep = [a for a in attrs if a.name != attribute.name]
+    del attrs[:]
+    attrs.extend(keep + [attribute])
+    _expect_ort_error(lambda: make_session(model), re.escape(expected))
+
+
 def test_mixed_element_types_rejected_by_ort(make_session, rng):
     """T binds every input: ORT itself refuses a float16 weight next to float32 streams."""
     sess = make_session(_untyped_model())

@@ -55,6 +55,35 @@ inline std::string NodeLabel(const OrtApi& api, const OrtKernelInfo* info) {
   return label + " '" + name + "'";
 }
 
+// "the float 2.5", "the string \"2\"", "a list of 3 ints": what a present attribute holds when it is not
+// of the type asked for; empty when the node has no such attribute (or one of another kind: tensor, graph).
+inline std::string DescribeAttribute(const OrtApi& api, const OrtKernelInfo* info, const char* name) {
+  auto ok = [&](OrtStatus* st) {
+    if (st == nullptr) return true;
+    api.ReleaseStatus(st);
+    return false;
+  };
+  int64_t as_int = 0;
+  if (ok(api.KernelInfoGetAttribute_int64(info, name, &as_int))) return "the int " + std::to_string(as_int);
+  float as_float = 0.0f;
+  if (ok(api.KernelInfoGetAttribute_float(info, name, &as_float))) return "the float " + std::to_string(as_float);
+  size_t size = 0;
+  if (ok(api.KernelInfoGetAttribute_string(info, name, nullptr, &size))) {
+    std::string text(size, '\0');
+    if (!ok(api.KernelInfoGetAttribute_string(info, name, text.data(), &size))) return "a string";
+    text.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+    return "the string \"" + text + "\"";
+  }
+  // ORT reads a list attribute of either element type as the other with no element: count both
+  size_t ints = 0, floats = 0;
+  const bool is_list = ok(api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &ints)) |
+                       ok(api.KernelInfoGetAttributeArray_float(info, name, nullptr, &floats));
+  if (ints > 0) return "a list of " + std::to_string(ints) + " ints";
+  if (floats > 0) return "a list of " + std::to_string(floats) + " floats";
+  if (is_list) return "an empty list";
+  return "";
+}
+
 // Reads the node's attributes; num_branches is required. Returns a null OrtStatus* on success.
 inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* info, HcLowRankMixAttrs* attrs) {
   auto error = [&](const std::string& what) {
@@ -63,12 +92,11 @@ inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* 
   int64_t num_branches = 0;
   if (OrtStatus* st = api.KernelInfoGetAttribute_int64(info, "num_branches", &num_branches)) {
     api.ReleaseStatus(st);
-    float as_float = 0.0f;
-    if (OrtStatus* st2 = api.KernelInfoGetAttribute_float(info, "num_branches", &as_float)) {
-      api.ReleaseStatus(st2);  // not there at all
+    const std::string found = DescribeAttribute(api, info, "num_branches");
+    if (found.empty()) {
       return error("attribute num_branches (int, the number of streams C) is required and was not found");
     }
-    return error("attribute num_branches must be an int; got the float " + std::to_string(as_float));
+    return error("attribute num_branches must be an int; got " + found);
   }
   attrs->num_branches = num_branches;
   const std::pair<const char*, float*> floats[] = {
@@ -84,12 +112,8 @@ inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* 
       continue;
     }
     api.ReleaseStatus(st);
-    int64_t as_int = 0;
-    if (OrtStatus* st2 = api.KernelInfoGetAttribute_int64(info, name, &as_int)) {
-      api.ReleaseStatus(st2);  // not there at all
-      continue;
-    }
-    return error(std::string("attribute ") + name + " must be a float; got the int " + std::to_string(as_int));
+    const std::string found = DescribeAttribute(api, info, name);
+    if (!found.empty()) return error(std::string("attribute ") + name + " must be a float; got " + found);
   }
   return nullptr;
 }
