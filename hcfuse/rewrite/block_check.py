@@ -5,6 +5,11 @@ the value or node that failed it. Together they prove everything the fused node'
 (ResolveHcLowRankMixParams in kernels/include/hcfuse/hc_params.h) would check, from facts that hold
 whenever the stock chain runs: shapes come from ShapeFacts, constants only from true constants
 (hcfuse.rewrite.values), and what is unknown is refused, never assumed.
+
+A projection may be a com.microsoft.MatMulNBits where the chain has a MatMul (hcfuse.rewrite.nbits_projection
+says what it must be); the block then becomes the quantized op (hcfuse._op_nbits), whose down and inject
+are one weight, both dense or both quantized, and whose quantized projections share bits, block_size and
+accuracy_level.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import dataclasses
 import onnx_ir as ir
 
 from hcfuse import _op
+from hcfuse.rewrite import nbits_projection
+from hcfuse.rewrite.nbits_projection import QuantizedProjection
 from hcfuse.rewrite.shape_facts import ShapeFacts
 from hcfuse.rewrite.values import describe, outside_use, true_constant
 
@@ -51,6 +58,14 @@ class Proof:
     T: ir.DataType
     norm_layout: str  # "flat" (C*H) | "grouped" (C, H) | "shared" (H)
     streams_out: bool
+    # the MatMulNBits projections by role ("packed", "down", "inject", "up"); empty: the dense op
+    quantized: dict[str, QuantizedProjection] = dataclasses.field(default_factory=dict)
+
+    @property
+    def nbits_attributes(self) -> dict[str, int]:
+        """bits, block_size and accuracy_level, which every quantized projection shares."""
+        first = next(iter(self.quantized.values()))
+        return dict(zip(("bits", "block_size", "accuracy_level"), first.nbits_attributes()))
 
 
 def _node_name(node: ir.Node) -> str:
@@ -62,6 +77,7 @@ class BlockCheck:
 
     def __init__(self, variant: Variant, context, b: dict, facts: ShapeFacts):
         self.v, self.context, self.b, self.facts = variant, context, b, facts
+        self.q: dict[str, QuantizedProjection] = {}
 
     def dims(self, name: str):
         return self.facts.dims(self.b[name])
@@ -80,6 +96,7 @@ class BlockCheck:
     def prove(self) -> Proof:
         C = self.branches()
         self.consumers()
+        self.q = self.quantized_projections()
         CH, R = self.weight_shapes(C)
         H = CH // C
         T = self.element_type()
@@ -99,7 +116,7 @@ class BlockCheck:
         streams_out = s is not None and (s.is_graph_output() or any(user not in set(nodes) for user, _ in s.uses()))
         return Proof(graph=self.context.graph_or_function, anchor=self.b["hn"].producer().name,
                      nodes=tuple(n.name for n in nodes), attrs=attrs, C=C, H=H, R=R, T=T,
-                     norm_layout=layout, streams_out=streams_out)
+                     norm_layout=layout, streams_out=streams_out, quantized=self.q)
 
     def float_attr(self, var: str, node_key: str, name: str, default: float, fused_name: str | None = None):
         """A float attribute's value; a float attribute of a function body that refers to the function's
@@ -143,6 +160,58 @@ class BlockCheck:
         if reason is not None:
             raise Reject(reason)
 
+    def projections(self) -> dict[str, tuple[str, str]]:
+        """The block's projections: role -> (the pattern's name of its weight, of its output)."""
+        if self.v.packed:
+            roles = {"packed": ("packed_weight", "packed_out")}
+        else:
+            roles = {"down": ("down_weight", "down")}
+            if self.v.has_inject:
+                roles["inject"] = ("inject_weight", "inject")
+        return {**roles, "up": ("up_weight", "up_out")}
+
+    def quantized_projections(self) -> dict[str, QuantizedProjection]:
+        """The MatMulNBits among the projections, each one the fused op can take, agreeing on bits, block_size
+        and accuracy_level; down and inject quantized both or neither."""
+        found = {}
+        for role, (_, output) in self.projections().items():
+            node = self.b[output].producer()
+            if nbits_projection.is_nbits(node):
+                q = nbits_projection.read(node, self.facts)
+                if isinstance(q, str):
+                    raise Reject(q)
+                found[role] = q
+        if ("down" in found) != ("inject" in found) and self.v.has_inject and not self.v.packed:
+            quantized, dense = ("down", "inject") if "down" in found else ("inject", "down")
+            raise Reject(f"{quantized} is quantized (MatMulNBits {found[quantized].node!r}) but {dense} is a MatMul "
+                         f"({self.b[dense].producer().name!r}): the fused op takes down and inject as one weight, "
+                         "both dense or both quantized")
+        if "down" in found and "inject" in found:
+            zero_points = {found[r].zero_points.dtype for r in ("down", "inject") if found[r].zero_points is not None}
+            if len(zero_points) > 1:
+                raise Reject(f"the zero points of down (MatMulNBits {found['down'].node!r}) and inject "
+                             f"({found['inject'].node!r}) differ in type ({', '.join(t.name for t in zero_points)}): "
+                             "they cannot be one tensor")
+        first = next(iter(found.values()), None)
+        for q in found.values():
+            for name, a, b in zip(("bits", "block_size", "accuracy_level"), first.nbits_attributes(),
+                                  q.nbits_attributes()):
+                if a != b:
+                    raise Reject(f"{name} differs: MatMulNBits {first.node!r} {a}, MatMulNBits {q.node!r} {b} "
+                                 f"(the fused op has one {name} for every quantized projection)")
+        return found
+
+    def _projection_shape(self, role: str, name: str) -> tuple[int, int]:
+        """(K, N) of a projection: a MatMulNBits' attributes (proved against its tensors), or the dense weight's."""
+        q = self.q.get(role)
+        return (q.K, q.N) if q is not None else self._matrix(name)
+
+    def _wrong_shape(self, role: str, name: str, expected: str, got, label: str | None = None) -> Reject:
+        q = self.q.get(role)
+        if q is not None:
+            return Reject(f"MatMulNBits {q.node!r} must have (K, N) = {expected}; got {got}")
+        return Reject(f"{label or name} {self.b[name].name!r} must be {expected}; got {got}")
+
     def _matrix(self, name: str) -> tuple[int, int]:
         dims = self.dims(name)
         if dims is None or len(dims) != 2 or not all(isinstance(d, int) for d in dims):
@@ -154,17 +223,24 @@ class BlockCheck:
         if self.v.packed:
             CH, R = self.packed_shape(C)
         else:
-            CH, R = self._matrix("down_weight")
+            CH, R = self._projection_shape("down", "down_weight")
         if R < 1 or CH < 1:
             raise Reject(f"down_weight must be (C*H, R) with C*H and R >= 1; got ({CH}, {R})")
         if CH % C:
             raise Reject(f"the block's width {CH} (rows of the down weight) is not divisible by num_branches {C}")
-        up = self.dims("up_weight")
+        up = self.dims("up_weight") if "up" not in self.q else self._projection_shape("up", "up_weight")
         if up != (R, CH):
-            raise Reject(f"up_weight {self.b['up_weight'].name!r} must be ({R}, {CH}); got {up}")
-        if self.v.has_inject and not self.v.packed and self.dims("inject_weight") != (CH, C):
-            raise Reject(f"inject_weight {self.b['inject_weight'].name!r} must be ({CH}, {C}); "
-                         f"got {self.dims('inject_weight')}")
+            raise self._wrong_shape("up", "up_weight", f"({R}, {CH})", up)
+        if self.v.has_inject and not self.v.packed:
+            inject = self.dims("inject_weight") if "inject" not in self.q else self._projection_shape("inject", "")
+            if inject != (CH, C):
+                raise self._wrong_shape("inject", "inject_weight", f"({CH}, {C})", inject)
+        if self.q and not self.v.packed and "down" not in self.q:
+            # dense down (and inject) beside a quantized up: one [C*H, R+C] weight, made by concatenation
+            for name in ("down_weight", "inject_weight") if self.v.has_inject else ("down_weight",):
+                if true_constant(self.b[name]) is None:
+                    raise Reject(f"{name} ({describe(self.b[name])}) must be a constant: the quantized op takes "
+                                 "down and inject as one weight, which is made from it")
         return CH, R
 
     def packed_shape(self, C: int) -> tuple[int, int]:
@@ -176,12 +252,12 @@ class BlockCheck:
         if len(sizes) != 2 or sizes[1] != C:
             raise Reject(f"Split sizes must be [R, {C}] (down, inject); got {sizes} "
                          f"(at {_node_name(self.b['down'].producer())})")
-        CH, width = self._matrix("packed_weight")
+        CH, width = self._projection_shape("packed", "packed_weight")
         R = sizes[0]
         if width != R + C:
-            raise Reject(f"packed weight {self.b['packed_weight'].name!r} must be ({CH}, {R}+{C}); got ({CH}, {width})")
+            raise self._wrong_shape("packed", "packed_weight", f"({CH}, {R}+{C})", f"({CH}, {width})", "packed weight")
         packed = self.b["packed_weight"]
-        if true_constant(packed) is None:
+        if not self.q and true_constant(packed) is None:  # the dense op takes it as two halves
             if packed.is_initializer():
                 raise Reject(f"packed weight {describe(packed)}: it cannot be split at fuse time")
             raise Reject(f"packed weight is the {describe(packed)}, not an initializer: it cannot be split")
@@ -194,12 +270,13 @@ class BlockCheck:
 
     def element_type(self) -> ir.DataType:
         v = self.v
-        names = ["streams", "norm_scale", "up_weight", "packed_weight" if v.packed else "down_weight"]
-        if v.has_inject and not v.packed:
-            names.append("inject_weight")
+        values = {name: self.b[name] for name in ["streams", "norm_scale"]}
+        for role, (name, _) in self.projections().items():
+            q = self.q.get(role)
+            values.update({f"{name} scales": q.scales} if q is not None else {name: self.b[name]})
         if v.has_prologue:
-            names += ["prev_block_output", "prev_post_gate"]
-        found = {name: self.facts.dtype(self.b[name]) for name in names}
+            values.update({name: self.b[name] for name in ("prev_block_output", "prev_post_gate")})
+        found = {name: self.facts.dtype(value) for name, value in values.items()}
         found = {k: t for k, t in found.items() if t is not None}
         types = set(found.values())
         if len(types) != 1:

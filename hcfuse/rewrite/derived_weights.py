@@ -2,7 +2,10 @@
 
 - the halves of ORT GenAI's packed [C*H, R+C] down/inject weight,
 - a (C, H) or (H) norm scale as the fused op's (C*H),
-- the zero inject weight of the final mix (which has no inject half).
+- the zero inject weight of the final mix (which has no inject half),
+- for the quantized op, weights side by side (`concatenated`): separate down and inject MatMulNBits tensors
+  along N (B, scales and zero points rows: lossless), dense down and inject as one [C*H, R+C] weight, or a
+  part of one value (zero inject rows, default zero points) where the chain has none.
 
 Each derived initializer is keyed by what it is derived from and its layout (kind, source value, C,
 element type), so blocks that share a source share the derived weight only when the layout agrees too
@@ -11,6 +14,9 @@ Nothing is read to fuse: the data is computed when the model is saved or seriali
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -91,6 +97,45 @@ class DerivedWeights:
         return value
 
 
+def _read(source: ir.TensorProtocol, index=Ellipsis) -> np.ndarray:
+    """A copy of source's data (or of source[index]). An external tensor is read through a mapping of its
+    own, released after: parallel writers evaluate several derived weights at once, and releasing a shared
+    mapping under another one fails; peak memory stays one tensor, not the model."""
+    tensor = source
+    if isinstance(source, ir.ExternalTensor):
+        tensor = ir.ExternalTensor(source.location, source.offset, source.length, source.dtype,
+                                   shape=source.shape, name=source.name, base_dir=source.base_dir)
+    data = np.ascontiguousarray(tensor.numpy()[index])
+    if tensor is not source:
+        tensor.release()
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class Filled:
+    """A part of a concatenation that holds one number everywhere (in the concatenation's type)."""
+
+    shape: tuple
+    value: float
+
+
+def concatenated(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, parts: Sequence[ir.Value | Filled],
+                 axis: int, base: str, dtype: ir.DataType) -> ir.Value:
+    """The constant parts (values, or Filled blocks) side by side along axis, as one weight of dtype."""
+    parts = tuple(parts)
+    sources = [part if isinstance(part, Filled) else true_constant(part) for part in parts]
+    shapes = [tuple(source.shape) if isinstance(source, Filled) else tuple(source.shape.dims) for source in sources]
+    shape = list(shapes[0])
+    shape[axis] = sum(s[axis] for s in shapes)
+
+    def make(name: str) -> ir.Tensor:
+        arrays = [np.full(s.shape, s.value, dtype=dtype.numpy()) if isinstance(s, Filled) else _read(s)
+                  for s in sources]
+        return ir.tensor(np.concatenate(arrays, axis=axis), name=name)
+
+    return weights.get(op, graph, ("concat", axis, parts, dtype), base, dtype, tuple(shape), make)
+
+
 def packed_halves(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, packed: ir.Value, R: int, C: int,
                   dtype: ir.DataType) -> tuple[ir.Value, ir.Value]:
     """(down [C*H, R], inject [C*H, C]) sliced from a constant packed [C*H, R+C] weight."""
@@ -98,19 +143,7 @@ def packed_halves(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, pa
     CH = source.shape[0]
 
     def half(columns: slice):
-        def make(name: str) -> ir.Tensor:
-            tensor = source
-            if isinstance(source, ir.ExternalTensor):
-                # A mapping of its own per half: parallel writers evaluate both halves at once, and
-                # releasing a shared mapping under the other one fails.
-                tensor = ir.ExternalTensor(source.location, source.offset, source.length, source.dtype,
-                                           shape=source.shape, name=source.name, base_dir=source.base_dir)
-            data = np.ascontiguousarray(tensor.numpy()[:, columns])
-            if tensor is not source:
-                tensor.release()  # unmap the packed weight: peak memory stays one tensor, not the model
-            return ir.tensor(data, name=name)
-
-        return make
+        return lambda name: ir.tensor(_read(source, (slice(None), columns)), name=name)
 
     down = weights.get(op, graph, ("packed.down", packed, R, C), f"{packed.name}.down", dtype, (CH, R),
                     half(slice(0, R)))

@@ -10,6 +10,10 @@ One rule per variant of the block (docs/NUMERICS.md):
     pre  = HyperConnectionPreMix(hn, g)
     gate = [Mul](Sigmoid([Div](inject, gate_div)), gate_mul)                   (absent in the final mix)
 
+Each MatMul may be a com.microsoft.MatMulNBits (onnxruntime's quantizer writes them); a block with one
+becomes ai.hcfuse.HyperConnectionLowRankMixNBits (hcfuse._op_nbits), which takes the quantized weights as
+they are (separate down and inject quantized: concatenated along N, losslessly).
+
 Rules are named after the variant (HcLowRankMix + Packed/Prologue/GateMul/NoInject), most specific
 first, so a block whose prologue fails a condition is fused by the rule without prologue (and its
 PostMix stays). The conditions live in block_check, the derived weights in derived_weights.
@@ -27,8 +31,8 @@ import threading
 import onnx_ir as ir
 from onnxscript.rewriter import pattern as orp
 
-from hcfuse import _op
-from hcfuse.rewrite import derived_weights
+from hcfuse import _op, _op_nbits
+from hcfuse.rewrite import derived_weights, nbits_projection
 from hcfuse.rewrite._local_matcher import LocalMatcher
 from hcfuse.rewrite._onnxscript_api import (
     AttrVar, MatchFailureError, MatchResult, RewriteRule, RewriteRuleClassBase, RewriteRuleSet,
@@ -54,6 +58,15 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
 
     # -- pattern -------------------------------------------------------------------------------
 
+    @staticmethod
+    def _projection(op, x, weight, output: str):
+        """MatMul(x, weight), or a MatMulNBits whose B binds weight (its other inputs are read by the check)."""
+        return orp.OrValue([
+            op.MatMul(x, weight, _outputs=[output]),
+            op.MatMulNBits(x, weight, _domain=nbits_projection.DOMAIN, _allow_other_inputs=True,
+                           _allow_other_attributes=True, _outputs=[output]),
+        ])
+
     def pattern(self, op, streams, prev_block_output, prev_post_gate, norm_scale, down_weight, up_weight,
                 inject_weight, packed_weight, split_sizes, gate_div, gate_mul):
         dom = _op.DOMAIN
@@ -70,18 +83,18 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
         inject = None
         if self.variant.packed:
             down, inject = op.Split(
-                op.MatMul(hn, packed_weight), split_sizes, _allow_other_attributes=True,
+                self._projection(op, hn, packed_weight, "packed_out"), split_sizes, _allow_other_attributes=True,
                 axis=AttrVar("split_axis", can_match_none=True), _outputs=["down", "inject"],
             )
         else:
-            down = op.MatMul(hn, down_weight, _outputs=["down"])
+            down = self._projection(op, hn, down_weight, "down")
             if self.variant.has_inject:
-                inject = op.MatMul(hn, inject_weight, _outputs=["inject"])
+                inject = self._projection(op, hn, inject_weight, "inject")
         d = op.ScaledSiLU(
             down, _domain=dom, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["d"],
             alpha=AttrVar("silu_alpha", can_match_none=True),
         )
-        g = op.Sigmoid(op.MatMul(d, up_weight))
+        g = op.Sigmoid(self._projection(op, d, up_weight, "up_out"))
         pre = op.HyperConnectionPreMix(
             hn, g, _domain=dom, _allow_other_attributes=True, _outputs=["pre"],
             num_branches=AttrVar("pre_C", can_match_none=True),
@@ -131,28 +144,93 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
         if m.norm_layout != "flat":
             session.maybe_dead.append(scale)
             scale = derived_weights.flat_norm_scale(op, m.graph, session.weights, scale, m.norm_layout, m.C, m.H)
-        if v.packed:
-            down, inject = derived_weights.packed_halves(op, m.graph, session.weights, b["packed_weight"], m.R, m.C, m.T)
-            session.maybe_dead += [b["packed_weight"], b["split_sizes"]]
+        if m.quantized:
+            weights = self._quantized_weights(op, m, session, b)
+            op_type, domain, attrs = _op_nbits.OP_TYPE, _op_nbits.DOMAIN, {**m.attrs, **m.nbits_attributes}
         else:
-            down = b["down_weight"]
-            inject = b["inject_weight"] if v.has_inject else derived_weights.zero_inject(
-                op, m.graph, session.weights, m.C, m.H, m.T)
+            weights = self._dense_weights(op, m, session, b)
+            op_type, domain, attrs = _op.OP_TYPE, _op.DOMAIN, m.attrs
         if v.has_inject:
             session.maybe_dead += [b[k] for k in ("gate_div", "gate_mul") if b[k] is not None]
-        inputs = [b["streams"], scale, down, b["up_weight"], inject]
+        inputs = [b["streams"], scale, *weights]
         if v.has_prologue:
             inputs += [b["prev_block_output"], b["prev_post_gate"]]
+        while inputs[-1] is None:
+            inputs.pop()
         prefix = m.anchor.rsplit("/", 1)[0] if "/" in m.anchor else m.anchor
-        name = session.names.fresh(f"{prefix}/{_op.OP_TYPE}")
+        name = session.names.fresh(f"{prefix}/{op_type}")
         outputs = [session.names.fresh(f"{name}/{out}") for out in _op.OUTPUTS[: 3 if m.streams_out else 2]]
-        outs = op.HyperConnectionLowRankMix(*inputs, _domain=_op.DOMAIN, _outputs=outputs, _name=name, **m.attrs)
+        outs = getattr(op, op_type)(*inputs, _domain=domain, _outputs=outputs, _name=name, **attrs)
         session.fused.append(Fusion(self.name, name, m.nodes, m.anchor, v.has_prologue))
         pre, gate = outs[0], outs[1]
         streams_out = outs[2] if m.streams_out else ir.Value()  # S unused elsewhere: a detached value
         if not v.has_inject:
             return (pre, streams_out) if v.has_prologue else pre
         return (pre, gate, streams_out) if v.has_prologue else (pre, gate)
+
+
+    def _dense_weights(self, op, m, session: FusionSession, b: dict) -> list[ir.Value]:
+        """The dense op's down, up and inject weights."""
+        if self.variant.packed:
+            down, inject = derived_weights.packed_halves(op, m.graph, session.weights, b["packed_weight"], m.R, m.C, m.T)
+            session.maybe_dead += [b["packed_weight"], b["split_sizes"]]
+        else:
+            down = b["down_weight"]
+            inject = b["inject_weight"] if self.variant.has_inject else derived_weights.zero_inject(
+                op, m.graph, session.weights, m.C, m.H, m.T)
+        return [down, b["up_weight"], inject]
+
+    def _quantized_weights(self, op, m, session: FusionSession, b: dict) -> list[ir.Value | None]:
+        """The quantized op's down_inject (weight, scales, zero points) and up (weight, scales, zero points)."""
+        v, q = self.variant, m.quantized
+        if v.packed:
+            session.maybe_dead.append(b["split_sizes"])
+            packed = q.get("packed")
+            down_inject = [packed.B, packed.scales, packed.zero_points] if packed else [b["packed_weight"], None, None]
+        elif "down" in q:
+            down_inject = _quantized_down_inject(op, m, session, q["down"], q.get("inject"))
+        else:
+            parts = [b["down_weight"], b["inject_weight"] if v.has_inject else derived_weights.Filled((m.C * m.H, m.C), 0)]
+            session.maybe_dead += [p for p in parts if isinstance(p, ir.Value)]
+            weight = derived_weights.concatenated(op, m.graph, session.weights, parts, 1,
+                                                  f"{b['down_weight'].name}.down_inject", m.T)
+            down_inject = [weight, None, None]
+        up = q.get("up")
+        return [*down_inject, *([up.B, up.scales, up.zero_points] if up else [b["up_weight"], None, None])]
+
+
+def _quantized_down_inject(op, m, session: FusionSession, down, inject) -> list[ir.Value | None]:
+    """Separate down and inject MatMulNBits as one (B, scales, zero points), concatenated along N; the final
+    mix's missing inject as C rows of scale 0 (weights of exactly 0, as the dense op's zero inject)."""
+    C, kb = m.C, down.k_blocks
+    blob = _op_nbits.blob_size(down.bits, down.block_size)
+    if inject is None:
+        inject_parts = [derived_weights.Filled((C, kb, blob), 0), derived_weights.Filled((C, kb), 0), None]
+    else:
+        inject_parts = [inject.B, inject.scales, inject.zero_points]
+    tensors = []
+    for role, (a, b) in zip(("B", "scales", "zero_points"), zip([down.B, down.scales, down.zero_points], inject_parts)):
+        if a is None and b is None:
+            tensors.append(None)
+            continue
+        if role == "zero_points":  # one projection without zero points: its defaults in the other's form
+            given = a if a is not None else b
+            a = a if a is not None else _default_zero_points(given, down, down.N)
+            b = b if b is not None else _default_zero_points(given, down, C)
+        source = a if isinstance(a, ir.Value) else b
+        session.maybe_dead += [x for x in (a, b) if isinstance(x, ir.Value)]
+        tensors.append(derived_weights.concatenated(op, m.graph, session.weights, [a, b], 0,
+                                                    f"{source.name}.down_inject", source.dtype))
+    return tensors
+
+
+def _default_zero_points(other: ir.Value, q, rows: int) -> derived_weights.Filled:
+    """rows of zero points 2^(bits-1) (what an absent input stands for), in the form of other."""
+    zp = _op_nbits.default_zero_point(q.bits)
+    if other.dtype == ir.DataType.UINT8:
+        cols = _op_nbits.packed_zero_point_cols(q.k_blocks, q.bits)
+        return derived_weights.Filled((rows, cols), zp | zp << 4 if q.bits == 4 else zp)
+    return derived_weights.Filled((rows, q.k_blocks), zp)
 
 
 def _variant_name(*, packed: bool, has_prologue: bool, has_gate_mul: bool, has_inject: bool) -> str:

@@ -15,7 +15,7 @@ import dataclasses
 
 import onnx_ir as ir
 
-from hcfuse import _op
+from hcfuse import _op, _op_nbits
 from hcfuse.rewrite.values import attr_value, true_constant
 
 Dims = tuple  # of int | str | None
@@ -160,11 +160,22 @@ def _tile(node: ir.Node, dims: Dims | None) -> Dims | None:
     return tuple(d * r if isinstance(d, int) else (d if r == 1 else None) for d, r in zip(dims, repeats))
 
 
+def _up_width(node: ir.Node, facts: list[Fact]) -> int | str | None:
+    """C*H from the fused node's up weight: a dense [R, C*H] or (quantized op) MatMulNBits' B [C*H, kb, blob]."""
+    if node.domain == _op_nbits.DOMAIN:
+        up = facts[_op_nbits.UP_WEIGHT] if len(facts) > _op_nbits.UP_WEIGHT else _UNKNOWN
+        if up.dtype == ir.DataType.UINT8:
+            return up.dims[0] if up.dims and len(up.dims) == 3 else None
+    else:
+        up = facts[_op.UP_WEIGHT] if len(facts) > _op.UP_WEIGHT else _UNKNOWN
+    return up.dims[-1] if up.dims and len(up.dims) == 2 else None
+
+
 def _lowrank_mix(node: ir.Node, facts: list[Fact]) -> list[Dims | None]:
+    """The outputs of either fused op (dense or quantized): (..., H), (..., C), (..., C*H)."""
     streams = facts[0].dims
     C = attr_value(node, "num_branches", None)
-    up = facts[3].dims if len(facts) > 3 else None
-    width = streams[-1] if streams and isinstance(streams[-1], int) else (up[-1] if up and len(up) == 2 else None)
+    width = streams[-1] if streams and isinstance(streams[-1], int) else _up_width(node, facts)
     H = width // C if isinstance(width, int) and isinstance(C, int) and C > 0 else None
     return [_with_last(streams, H), _with_last(streams, C), streams]
 
@@ -231,6 +242,8 @@ def _infer(node: ir.Node, facts: list[Fact]) -> list[Fact]:
         if op == _op.OP_TYPE:
             return [Fact(T, d) for d in _lowrank_mix(node, facts)][:n]
         return [_UNKNOWN] * n
+    if node.domain == _op_nbits.DOMAIN and op == _op_nbits.OP_TYPE:
+        return [Fact(T, d) for d in _lowrank_mix(node, facts)][:n]
     if node.domain not in ("", "ai.onnx"):
         return [_UNKNOWN] * n
     if op in _SAME:
