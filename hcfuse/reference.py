@@ -1,9 +1,9 @@
 """NumPy reference of com.microsoft::HyperConnectionLowRankMix (docs/NUMERICS.md, "The contract").
 
 Every kernel test compares against this. All arithmetic is fp32; each step is rounded once to the
-element type T exactly where docs/NUMERICS.md says (S, hn, down, Z, SG, hidden, up, g, pre_output, inject,
-post_gate). Accumulation order is fixed and spelled out, so a kernel that follows it can match
-bit for bit:
+element type T exactly where docs/NUMERICS.md says (S, hn, down, Z, SG, hidden, up, g, pre_output,
+inject, the gate logit inject / gate_div, its sigmoid, post_gate). Accumulation order is fixed and
+spelled out, so a kernel that follows it can match bit for bit:
 
 - dot products (hn @ down_weight, hn @ inject_weight, hidden @ up_weight) and the sum of squares
   of the norm accumulate sequentially over k = 0, 1, ..., K-1 into an fp32 accumulator that starts
@@ -80,6 +80,13 @@ def scaled_silu_f32(down: np.ndarray, alpha, dtype) -> tuple[np.ndarray, np.ndar
     z = round_to(_F32(alpha) * down, dtype)  # rounding point: Z
     sg = round_to(sigmoid_f32(z), dtype)  # rounding point: SG
     return z, sg, round_to(z * sg, dtype)  # rounding point: hidden
+
+
+def post_gate_f32(inject: np.ndarray, gate_div, gate_mul, dtype) -> np.ndarray:
+    """cast_T(cast_T(sigmoid(cast_T(inject / gate_div))) * gate_mul), the rounding points of the stock Div,
+    Sigmoid and Mul nodes (onnxruntime's schema of the op states the same)."""
+    logit = round_to(inject / _F32(gate_div), dtype)  # rounding point: gate logit
+    return round_to(round_to(sigmoid_f32(logit), dtype) * _F32(gate_mul), dtype)  # rounding points: sigmoid, post_gate
 
 
 def pre_mix_f32(hn: np.ndarray, g: np.ndarray, reduction_scale, dtype) -> np.ndarray:
@@ -162,38 +169,54 @@ def hc_lowrank_mix_steps(*args, **kwargs) -> dict[str, np.ndarray]:
     return _steps(**bound.arguments)
 
 
-@np.errstate(over="ignore", invalid="ignore", divide="ignore")  # IEEE results (inf, NaN) are the contract
 def _steps(streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, *,
            num_branches, epsilon, reduction_scale, silu_alpha, gate_div, gate_mul) -> dict[str, np.ndarray]:
     arrays = [None if a is None else np.asarray(a) for a in
               (streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate)]
     streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate = arrays
     C = num_branches
-    H, R = _check_shapes(*arrays, C)
+    _check_shapes(*arrays, C)
+    # one pass over k for both products that read hn: columns [0, R) are down, [R, R+C) inject
+    w_hn = np.concatenate([down_weight.astype(_F32), inject_weight.astype(_F32)], axis=1)
+    prologue = None if prev_block_output is None else (prev_block_output, prev_post_gate)
+    return steps_f32_weights(streams, norm_scale, w_hn, up_weight.astype(_F32), prologue, num_branches=C,
+                             epsilon=epsilon, reduction_scale=reduction_scale, silu_alpha=silu_alpha,
+                             gate_div=gate_div, gate_mul=gate_mul)
+
+
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")  # IEEE results (inf, NaN) are the contract
+def steps_f32_weights(streams, norm_scale, down_inject_f32, up_f32, prologue, *, num_branches, epsilon,
+                      reduction_scale, silu_alpha, gate_div, gate_mul) -> dict[str, np.ndarray]:
+    """The contract's steps with the projections given as fp32 arrays: down_inject_f32 (C*H, R+C), down's
+    columns then inject's, and up_f32 (R, C*H); prologue is None or (prev_block_output, prev_post_gate). T is
+    streams' dtype. The dense op passes its T weights widened; the quantized op its weights dequantized
+    exactly. Shapes are the caller's to check."""
+    C = num_branches
     T = streams.dtype
     lead = streams.shape[:-1]
     rows = int(np.prod(lead, dtype=np.int64))
+    H = streams.shape[-1] // C
+    R = down_inject_f32.shape[1] - C
     eps, rs, alpha, gdiv, gmul = (_F32(v) for v in (epsilon, reduction_scale, silu_alpha, gate_div, gate_mul))
     # each step is a function below; the arrays between them are fp32 holding values of T
 
     x = streams.reshape(rows, C, H).astype(_F32)
-    if prev_block_output is not None:
+    if prologue is not None:
+        prev_block_output, prev_post_gate = prologue
         x = post_mix_f32(x, prev_block_output.reshape(rows, H).astype(_F32),
                          prev_post_gate.reshape(rows, C, 1).astype(_F32), T)
     hn = rms_norm_branches_f32(x, norm_scale.astype(_F32).reshape(C, H), eps, T).reshape(rows, C * H)
 
-    # one pass over k for both products that read hn: columns [0, R) are down, [R, R+C) inject
-    w_hn = np.concatenate([down_weight.astype(_F32), inject_weight.astype(_F32)], axis=1)
-    acc = matmul_seq_f32(hn, w_hn)
+    acc = matmul_seq_f32(hn, down_inject_f32)
     down = round_to(acc[:, :R], T)  # rounding point: down
     inject = round_to(acc[:, R:], T)  # rounding point: inject
 
     z, sg, hidden = scaled_silu_f32(down, alpha, T)
-    up = round_to(matmul_seq_f32(hidden, up_weight.astype(_F32)), T)  # rounding point: up
+    up = round_to(matmul_seq_f32(hidden, up_f32), T)  # rounding point: up
     g = round_to(sigmoid_f32(up), T)  # rounding point: g
 
     pre_output = pre_mix_f32(hn.reshape(rows, C, H), g.reshape(rows, C, H), rs, T)
-    post_gate = round_to(sigmoid_f32(inject / gdiv) * gmul, T)  # rounding point: post_gate
+    post_gate = post_gate_f32(inject, gdiv, gmul, T)
 
     steps = {"S": x.reshape(rows, C * H), "hn": hn, "down": down, "Z": z, "SG": sg, "hidden": hidden, "up": up,
              "g": g, "pre_output": pre_output, "inject": inject, "post_gate": post_gate}

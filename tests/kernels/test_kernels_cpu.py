@@ -25,6 +25,7 @@ from hcfuse._op import OUTPUTS, QWEN_ATTRIBUTES, QWEN_SHAPE
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from hcfuse.checking.verification import ulp_gap
 from tests._compare import BFLOAT16, assert_bitwise_equal, assert_ulp_close, run_bound
+from tests.op.test_reference import run_node
 
 DTYPES = [np.float32, np.float16, BFLOAT16]
 DTYPE_IDS = ["float32", "float16", "bfloat16"]
@@ -288,6 +289,108 @@ def test_special_values(make_session, rng, dtype, H, R):
             assert_matches_reference(got[name], want[name], name, name)  # ulp_gap: NaN/inf where the reference has them
         else:
             assert_ulp_close(got[name], want[name], 0, name)
+
+
+# ---- post_gate's rounding points: the stock Div, Sigmoid and Mul's
+
+# gate_div and gate_mul that are not powers of two: the gate logit and the sigmoid then round to T
+# where one rounding at the end would not (powers of two, such as the real model's 4 and 2, make
+# both extra roundings exact)
+POST_GATE_ATTRS = [{"gate_div": 3.0, "gate_mul": 1.7}, {"gate_div": -0.7, "gate_mul": 1.3},
+                   {"gate_div": 5.0, "gate_mul": -0.3}]
+POST_GATE_IDS = ["div3-mul1.7", "div-0.7-mul1.3", "div5-mul-0.3"]
+
+
+def order_free_inject_case(C, H, R, dtype, rows, rng) -> dict:
+    """The op's inputs (no prologue; run with epsilon 0) for which inject = hn @ inject_weight is exact
+    in fp32 in any order of its sum, so every path, whatever its order, has the reference's inject
+    and must give the reference's post_gate bits. Streams of +-1 make each branch's mean square
+    exactly 1 (hn = +-norm_scale); norm_scale (multiples of 1/16 up to 2) and inject_weight (multiples
+    of 1/64 up to 1, times a power of two that puts inject at a few units) have few significant bits,
+    so every partial sum is a multiple of one unit and far below 2^24 of them."""
+    K = C * H
+    feeds = random_weights(C, H, R, dtype, rng)
+    feeds["norm_scale"] = (rng.integers(-32, 33, K) / 16).astype(dtype)
+    scale = 2.0 ** np.round(np.log2(6.0 / np.sqrt(K)))
+    feeds["inject_weight"] = (rng.integers(-64, 65, (K, C)) / 64 * scale).astype(dtype)
+    feeds["streams"] = rng.choice([-1.0, 1.0], (rows, K)).astype(dtype)
+    terms = np.abs(feeds["norm_scale"].astype(np.float64)) @ np.abs(feeds["inject_weight"].astype(np.float64))
+    assert terms.max() < 2.0**24 * scale / 1024, "inject's partial sums could round in fp32"
+    return feeds
+
+
+def assert_post_gate_at_stock_points(actual, steps, attrs, what: str) -> None:
+    """actual is the reference's post_gate bit for bit, and the case tells the rounding points apart:
+    in 16-bit T, rounding once (sigmoid(inject / gate_div) * gate_mul in fp32) gives other bits on
+    more than a tenth of the elements."""
+    expected = steps["post_gate"]
+    assert_bitwise_equal(actual, expected, what)
+    dtype = expected.dtype
+    if dtype.itemsize == 2:
+        x = steps["inject"].astype(np.float32) / np.float32(attrs["gate_div"])
+        once = (reference.sigmoid_f32(x) * np.float32(attrs["gate_mul"])).astype(dtype)
+        differs = float(np.mean(once.view(np.uint16) != expected.view(np.uint16)))
+        assert differs > 0.1, f"{what}: one rounding differs on only {differs:.1%} of post_gate; pick other data"
+
+
+@pytest.mark.parametrize("attrs", POST_GATE_ATTRS, ids=POST_GATE_IDS)
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
+def test_post_gate_rounds_at_the_stock_points(make_session, rng, dtype, attrs):
+    """Random data: the gate logit, its sigmoid and post_gate are each rounded to T, as the stock Div,
+    Sigmoid and Mul round (onnxruntime's schema of the op states the same), bit for bit."""
+    C, H, R, rows = 4, 16, 4, 512
+    feeds = {**random_weights(C, H, R, dtype, rng), **random_activations((rows,), C, H, dtype, rng)}
+    got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, **attrs)
+    steps = reference.hc_lowrank_mix_steps(**feeds, num_branches=C, **attrs)
+    assert_post_gate_at_stock_points(got["post_gate"], steps, attrs, f"post_gate {attrs}")
+
+
+@pytest.mark.parametrize("attrs", POST_GATE_ATTRS, ids=POST_GATE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_post_gate_bits_with_an_order_free_inject(make_session, rng, dtype, attrs):
+    """With an inject that every order of its sum gets exactly (the CUDA paths' test data), post_gate
+    is the reference's bit for bit in every T, float32 included."""
+    C, H, R, rows = 4, 64, 8, 256
+    feeds = order_free_inject_case(C, H, R, dtype, rows, rng)
+    attrs = {**attrs, "epsilon": 0.0}
+    got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, **attrs)
+    steps = reference.hc_lowrank_mix_steps(**feeds, num_branches=C, **attrs)
+    assert_post_gate_at_stock_points(got["post_gate"], steps, attrs, f"post_gate {attrs}")
+
+
+@pytest.mark.parametrize("attrs", POST_GATE_ATTRS, ids=POST_GATE_IDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_post_gate_is_the_stock_div_sigmoid_mul(make_session, rng, dtype, attrs):
+    """The kernel's post_gate against onnxruntime's own Div, Sigmoid and Mul (CPU provider: float32 and
+    float16), each node run on its own on the previous node's output, starting from the same inject:
+    the stock Div gives the kernel's gate logit and the stock Mul of the kernel's sigmoid its post_gate,
+    bit for bit. The stock Sigmoid is MLAS's (not the contract's sigmoid): where it gives the
+    contract's bits, so does the whole stock chain; elsewhere post_gate moves by gate_mul times its
+    difference plus one ulp of the final rounding. The stock nodes' constants are T values, so the fused
+    node's attributes are those values (as the fusion writes them)."""
+    C, H, R, rows = 4, 64, 8, 256
+    feeds = order_free_inject_case(C, H, R, dtype, rows, rng)
+    attrs = {**{k: float(dtype(v)) for k, v in attrs.items()}, "epsilon": 0.0}
+    got = run_kernel(make_session, C=C, H=H, R=R, dtype=dtype, feeds=feeds, **attrs)["post_gate"]
+    steps = reference.hc_lowrank_mix_steps(**feeds, num_branches=C, **attrs)
+    gate_div, gate_mul = (np.array(attrs[k], dtype) for k in ("gate_div", "gate_mul"))
+    logit = run_node("Div", {"inject": steps["inject"], "gate_div": gate_div})
+    contract_logit = steps["inject"].astype(np.float32) / np.float32(gate_div)
+    assert_bitwise_equal(logit, contract_logit.astype(dtype), "gate logit: stock Div vs the contract")
+    contract_sigmoid = reference.sigmoid_f32(logit).astype(dtype)
+    assert_bitwise_equal(got, run_node("Mul", {"sigmoid": contract_sigmoid, "gate_mul": gate_mul}),
+                         "post_gate: kernel vs the stock Mul of the contract's sigmoid")
+    sigmoid = run_node("Sigmoid", {"logit": logit})
+    stock = run_node("Mul", {"sigmoid": sigmoid, "gate_mul": gate_mul})
+    same = sigmoid.astype(np.float64) == contract_sigmoid.astype(np.float64)
+    assert_bitwise_equal(np.where(same, got, stock), stock,
+                         "post_gate where the stock Sigmoid gives the contract's bits")
+    gap = np.abs(got.astype(np.float64) - stock.astype(np.float64))
+    bound = (abs(float(gate_mul)) * np.abs(sigmoid.astype(np.float64) - contract_sigmoid.astype(np.float64))
+             + np.spacing(np.abs(got)).astype(np.float64))
+    assert (gap <= bound).all(), f"post_gate vs the stock chain: {int((gap > bound).sum())} elements beyond the bound"
+    if dtype == np.float16:  # MLAS's error (< 2^-22) rarely reaches a float16 rounding
+        assert same.mean() > 0.95, f"the stock Sigmoid differs from the contract on {1 - same.mean():.1%} of the logits"
 
 
 def test_rejects_bad_input_without_computing(make_session, rng):

@@ -320,9 +320,19 @@ class Pass {
         continue;
       }
       ops_.round(v, n);  // rounding point: inject
-      for (int64_t j = 0; j < n; ++j) v[j] = Sigmoid(v[j] / p_.gate_div) * p_.gate_mul;
-      ops_.narrow(v, n, a_.post_gate + (row0_ + r0 + r) * C + n0);  // rounding point: post_gate
+      InjectToPostGate(v, n, a_.post_gate + (row0_ + r0 + r) * C + n0);
     }
+  }
+
+  // inject (n rounded values in v, overwritten) -> post_gate, rounded where the stock Div, Sigmoid and
+  // Mul round.
+  void InjectToPostGate(float* v, int64_t n, T* post_gate) const {
+    for (int64_t j = 0; j < n; ++j) v[j] = v[j] / p_.gate_div;
+    ops_.round(v, n);  // rounding point: gate logit
+    ops_.sigmoid(v, n);
+    ops_.round(v, n);  // rounding point: sigmoid of the gate logit
+    for (int64_t j = 0; j < n; ++j) v[j] = v[j] * p_.gate_mul;
+    ops_.narrow(v, n, post_gate);  // rounding point: post_gate
   }
 
   // down (n sums in v, overwritten) -> Z -> SG (in sg) -> hidden (n values).

@@ -161,9 +161,13 @@ __device__ __forceinline__ float ScaledSilu(float down, float alpha) {
   return RoundToT<T>(__fmul_rn(z, sg));                  // rounding point: hidden = Z * SG
 }
 
-// post_gate from the rounded inject: fp32 all the way, rounded once by the caller.
+// post_gate from the rounded inject, rounded where the stock Div, Sigmoid and Mul round (the gate logit
+// and its sigmoid here, post_gate by the caller).
+template <typename T>
 __device__ __forceinline__ float PostGate(float inject, float gate_div, float gate_mul) {
-  return __fmul_rn(Sigmoid(__fdiv_rn(inject, gate_div)), gate_mul);
+  const float logit = RoundToT<T>(__fdiv_rn(inject, gate_div));  // rounding point: gate logit
+  const float sg = RoundToT<T>(Sigmoid(logit));                  // rounding point: sigmoid of the gate logit
+  return __fmul_rn(sg, gate_mul);
 }
 
 // ---- Fixed-order reductions: a butterfly inside the warp, then warp 0 adds the warp sums in order.

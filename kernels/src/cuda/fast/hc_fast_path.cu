@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
       const float v = RoundToT<T>(SumGroups(partials + (static_cast<size_t>(r0 + i) * d.np + n) * d.g4, d.groups));
       a_tile[i * d.lda2 + n] = FromFloat<T>(cuda::ScaledSilu<T>(v, d.silu_alpha));
     }
-    // inject -> post_gate (rounding points: inject, post_gate), CTA 0 only, by the warps that own no up
+    // inject -> post_gate (rounding points: inject, gate logit, its sigmoid, post_gate), CTA 0 only, by the warps that own no up
     // tile below (the real shape: 6 of 10 up to 8 rows, 2 at 16; else the last warp), while this CTA's hidden slice travels
     // to its peers: nothing in the kernel reads it. (In the loop above, its C items a row gave CTA 0 one
     // more pass of L2 round trips than the other CTAs at 8 and 16 rows.)
@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
         const int i = idx / d.C, c = idx % d.C;
         const float v =
             RoundToT<T>(SumGroups(partials + (static_cast<size_t>(r0 + i) * d.np + d.R + c) * d.g4, d.groups));
-        args.post_gate[static_cast<size_t>(r0 + i) * d.C + c] = FromFloat<T>(cuda::PostGate(v, d.gate_div, d.gate_mul));
+        args.post_gate[static_cast<size_t>(r0 + i) * d.C + c] = FromFloat<T>(cuda::PostGate<T>(v, d.gate_div, d.gate_mul));
       }
     };
     if (r0 == 0) TimelineMark(d.timeline, d.slot + 1, kPhase1);  // hidden slice formed

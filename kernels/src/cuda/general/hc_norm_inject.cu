@@ -303,8 +303,8 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
       for (int w = 0; w < num_warps; ++w) total += inject_sums[t][w];  // warp order
       if (group * ROWS + r < a.rows) {
         const float inject = RoundToT<T>(total);  // rounding point: inject
-        // rounding point: post_gate
-        a.post_gate[row_of(group, r) * C + q] = FromFloat<T>(PostGate(inject, a.gate_div, a.gate_mul));
+        // rounding points: gate logit, its sigmoid, post_gate
+        a.post_gate[row_of(group, r) * C + q] = FromFloat<T>(PostGate<T>(inject, a.gate_div, a.gate_mul));
       }
     }
     // sq_sums is written again only after the next group's loads; inject_sums and inv_rms only after
@@ -531,8 +531,8 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
           for (int q = 0; q < Q; ++q) {
             if (q < cols && live[r]) {
               const float inject = RoundToT<T>(acc[r * Q + q]);  // rounding point: inject
-              // rounding point: post_gate
-              a.post_gate[row[r] * C + c0 + q] = FromFloat<T>(PostGate(inject, a.gate_div, a.gate_mul));
+              // rounding points: gate logit, its sigmoid, post_gate
+              a.post_gate[row[r] * C + c0 + q] = FromFloat<T>(PostGate<T>(inject, a.gate_div, a.gate_mul));
             }
           }
         }
