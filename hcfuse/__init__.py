@@ -1,6 +1,7 @@
-"""hcfuse: ONNX tooling for com.microsoft::HyperConnectionLowRankMix.
+"""hcfuse: ONNX tooling for com.microsoft::HyperConnectionLowRankMix and its quantized form
+ai.hcfuse::HyperConnectionLowRankMixNBits.
 
-Importing hcfuse registers the op's ONNX schema (with type and shape inference). The graph tools
+Importing hcfuse registers both ops' ONNX schemas (with type and shape inference). The graph tools
 (fusion, unfusion, verification, symbolic shape inference) load on first use, so a plain import
 stays cheap.
 """
@@ -13,6 +14,7 @@ import os
 
 from hcfuse._library import get_library_path, register
 from hcfuse._op import DOMAIN, OP_TYPE, SINCE_VERSION
+from hcfuse.shapes.nbits_schema import register_schema as register_nbits_schema
 from hcfuse.shapes.schema import register_schema
 
 
@@ -37,6 +39,7 @@ def _version() -> str:
 __version__ = _version()
 
 register_schema()
+register_nbits_schema()
 
 # public name -> module that defines it (imported on first access)
 _LAZY = {
@@ -61,6 +64,7 @@ __all__ = [
     "get_library_path",
     "register",
     "register_schema",
+    "register_nbits_schema",
     *_LAZY,
 ]
 

@@ -1,4 +1,5 @@
-"""MatMulNBits weights as onnxruntime's MatMulNBitsQuantizer writes them, for tests and model builders.
+"""MatMulNBits weights as onnxruntime's MatMulNBitsQuantizer writes them, and small models of one
+HyperConnectionLowRankMixNBits node built from them, for tests, kernels and model builders.
 
 `quantize_nbits` runs the quantizer's own block quantization (its DefaultWeightOnlyQuantizer, the C++
 routines MatMulNBitsQuantizer calls for a MatMul), so B, scales and zero points are byte for byte what a
@@ -8,12 +9,17 @@ Needs onnxruntime.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 
 from hcfuse import _op_nbits
+from hcfuse._op import IR_VERSION, ONNX_OPSET
+from hcfuse.models.hc_block import random_weights
 from hcfuse.reference_nbits import unpack_zero_points
 
 ZP_FORMS = ("packed", "T")
@@ -72,3 +78,60 @@ def _pack_default_zero_points(N: int, num_k_blocks: int, bits: int) -> np.ndarra
     zp = _op_nbits.default_zero_point(bits)
     byte = zp | (zp << 4) if bits == 4 else zp
     return np.full((N, _op_nbits.packed_zero_point_cols(num_k_blocks, bits)), byte, dtype=np.uint8)
+
+
+def random_nbits_weights(C: int, H: int, R: int, dtype, rng: np.random.Generator,
+                         quantized: Sequence[str] = ("down_inject", "up"), bits: int = 4, block_size: int = 32,
+                         symmetric: bool = True, zp_form: str | None = None) -> dict[str, np.ndarray]:
+    """The op's weight inputs, keyed by input name: hcfuse.models.hc_block's random weights with down and
+    inject packed into down_inject_weight (C*H, R+C), and the projections named in quantized ("down_inject",
+    "up") quantized by quantize_nbits (scales and zero points added under their names)."""
+    dense = random_weights(C, H, R, dtype, rng)
+    matrices = {_op_nbits.DOWN_INJECT: np.concatenate([dense["down_weight"], dense["inject_weight"]], axis=1),
+                _op_nbits.UP: dense["up_weight"]}
+    unknown = set(quantized) - {proj.name for proj in matrices}
+    if unknown:
+        raise ValueError(f"random_nbits_weights: unknown projection(s) {sorted(unknown)}; expected down_inject, up")
+    out = {"norm_scale": dense["norm_scale"]}
+    for proj, matrix in matrices.items():
+        if proj.name not in quantized:
+            out[_op_nbits.INPUTS[proj.weight]] = matrix
+            continue
+        q = quantize_nbits(matrix, bits, block_size, symmetric, zp_form)
+        out[_op_nbits.INPUTS[proj.weight]], out[_op_nbits.INPUTS[proj.scales]] = q.B, q.scales
+        if q.zero_points is not None:
+            out[_op_nbits.INPUTS[proj.zero_points]] = q.zero_points
+    return out
+
+
+def make_nbits_node_model(weights: dict[str, np.ndarray], *, C: int, dtype,
+                          leading_dims: Sequence[int | str] = ("rows",), prologue: bool = False,
+                          streams_out: bool = False, **attrs) -> onnx.ModelProto:
+    """A model of one HyperConnectionLowRankMixNBits node named "hc_lowrank_mix_nbits": streams (and the
+    prologue pair) are graph inputs, the weights (random_nbits_weights' dict) constant initializers, the
+    outputs named as the op's. attrs override the attribute defaults (bits and block_size among them, which
+    must be the weights'); num_branches is always C."""
+    unknown = set(attrs) - set(_op_nbits.ATTRIBUTES)
+    if unknown:
+        raise ValueError(f"{_op_nbits.OP_TYPE}: unknown attributes {sorted(unknown)}; "
+                         f"expected some of {list(_op_nbits.ATTRIBUTES)}")
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    width = weights["norm_scale"].shape[0]
+    H, lead = width // C, list(leading_dims)
+    shapes = {"streams": [*lead, width], "prev_block_output": [*lead, H], "prev_post_gate": [*lead, C],
+              "pre_output": [*lead, H], "post_gate": [*lead, C], "streams_out": [*lead, width]}
+    activations = ["streams", *(["prev_block_output", "prev_post_gate"] if prologue else [])]
+    node_inputs = [name if name in weights or name in activations else "" for name in _op_nbits.INPUTS]
+    while not node_inputs[-1]:
+        node_inputs.pop()
+    out_names = list(_op_nbits.OUTPUTS[: 3 if streams_out else 2])
+    node = helper.make_node(_op_nbits.OP_TYPE, node_inputs, out_names, domain=_op_nbits.DOMAIN,
+                            name="hc_lowrank_mix_nbits", num_branches=C, **attrs)
+    graph = helper.make_graph(
+        [node], "hc_nbits_node",
+        [helper.make_tensor_value_info(n, elem, shapes[n]) for n in activations],
+        [helper.make_tensor_value_info(n, elem, shapes[n]) for n in out_names],
+        [numpy_helper.from_array(np.asarray(a), name) for name, a in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET),
+                                                   helper.make_opsetid(_op_nbits.DOMAIN, _op_nbits.SINCE_VERSION)],
+                             ir_version=IR_VERSION)
