@@ -8,6 +8,8 @@ or the op's rules: it also runs inside onnxruntime's symbolic shape inference, o
 from __future__ import annotations
 
 import onnx
+from typing import NamedTuple
+
 from onnx import TensorProto
 from onnx.defs import OpSchema
 from onnx.shape_inference import InferenceError
@@ -37,7 +39,7 @@ from hcfuse._op_nbits import (
     STREAMS_OUT,
     UP,
 )
-from hcfuse.shapes.schema import _check_rank, _Facts, _known, _merge_leading, _shape_of, node_form_problem
+from hcfuse.shapes.schema import Dim, _check_rank, _Facts, _known, _merge_leading, _shape_of, node_form_problem
 
 _DOC = """
 HyperConnectionLowRankMix with quantized projections: the same computation, each of its two projections
@@ -120,8 +122,8 @@ def deregister_schema() -> None:
 # ---- inference ------------------------------------------------------------------------------
 
 
-def _int_attribute(ctx, name: str, where: str) -> int:
-    attr = ctx.get_attribute(name)
+def _int_attribute(get_attribute, name: str, where: str) -> int:
+    attr = get_attribute(name)
     if attr is None:
         return ATTRIBUTES[name]
     if attr.type != onnx.AttributeProto.INT:
@@ -130,14 +132,9 @@ def _int_attribute(ctx, name: str, where: str) -> int:
     return attr.i
 
 
-def _elem_types(ctx, present: list[int], where: str) -> tuple[int, dict[int, int]]:
-    """T (0 when nothing tells it) and every present input's known element type; raises on a type outside the
-    op's or two inputs that must share T and do not."""
-    types = {}
-    for i in present:
-        tp = ctx.get_input_type(i)
-        if tp is not None and tp.tensor_type.elem_type:
-            types[i] = tp.tensor_type.elem_type
+def _element_type(types: dict[int, int], where: str) -> int:
+    """T (0 when nothing tells it) from the inputs' known element types; raises on a type outside the op's or
+    two inputs that must share T and do not."""
     found, source = 0, ""
     for i, t in types.items():
         name = TensorProto.DataType.Name(t)
@@ -152,7 +149,7 @@ def _elem_types(ctx, present: list[int], where: str) -> tuple[int, dict[int, int
                                  f"{TensorProto.DataType.Name(found)}; they must share T")
         if not found:
             found, source = t, INPUTS[i]
-    return found, types
+    return found
 
 
 def _projection_form(proj, present: list[int], types: dict[int, int], where: str) -> bool | None:
@@ -222,21 +219,36 @@ def _quantized_dims(proj, shapes, types, facts: _NBitsFacts, N_key: str, where: 
                     f"({facts.sizes[kb_key][1]}) with bits {facts.bits} have ceil(k_blocks*bits/8) = {cols} columns")
 
 
-def _infer(ctx) -> None:
-    """Type and shape inference: fill what the known facts imply, raise only on contradictions."""
-    where = f"{OP_TYPE} ({ctx.get_display_name()})"
-    attr = ctx.get_attribute("num_branches")
-    n_in = ctx.get_num_inputs()
-    problem = node_form_problem(attr, 0, ctx.get_num_outputs())
-    if not problem and n_in > len(INPUTS):
-        problem = f"has {n_in} inputs; the op has at most {len(INPUTS)} ({', '.join(INPUTS)})"
-    bits, block_size = (_int_attribute(ctx, name, where) for name in ("bits", "block_size"))
-    problem = problem or _op_nbits.bits_problem(bits) or _op_nbits.block_size_problem(block_size)
+class Inferred(NamedTuple):
+    """What inference found: T (0: unknown), C, the outputs' leading dims (None: unknown rank), H and C*H
+    (a dim: int, symbol or None)."""
+
+    elem_type: int
+    num_branches: int
+    leading: list[Dim] | None
+    H: Dim
+    width: Dim
+
+
+def infer_dims(where: str, get_attribute, num_inputs: int, num_outputs: int, types: dict[int, int],
+               shapes: dict[int, list[Dim] | None]) -> Inferred:
+    """The op's rules on what is known of one node, shared by the schema and onnxruntime's symbolic handler:
+    get_attribute(name) gives an AttributeProto or None; types and shapes are keyed by the positions of the
+    present inputs (a type 0 or a shape None when unknown). Raises InferenceError naming `where` on a
+    contradiction."""
+    attr = get_attribute("num_branches")
+    problem = node_form_problem(attr, 0, num_outputs)
+    if not problem and num_inputs > len(INPUTS):
+        problem = f"has {num_inputs} inputs; the op has at most {len(INPUTS)} ({', '.join(INPUTS)})"
+    if problem:
+        raise InferenceError(f"{where}: {problem}")
+    bits, block_size = (_int_attribute(get_attribute, name, where) for name in ("bits", "block_size"))
+    problem = _op_nbits.bits_problem(bits) or _op_nbits.block_size_problem(block_size)
     if problem:
         raise InferenceError(f"{where}: {problem}")
     c = attr.i
 
-    present = [i for i in range(n_in) if ctx.has_input(i)]
+    present = sorted(shapes)
     missing = [INPUTS[i] for i in REQUIRED_INPUTS if i not in present]
     if missing:
         raise InferenceError(f"{where}: required input(s) {', '.join(missing)} missing")
@@ -244,12 +256,12 @@ def _infer(ctx) -> None:
     if has_prev[0] != has_prev[1]:
         given, absent = (INPUTS[PREV_BLOCK_OUTPUT], INPUTS[PREV_POST_GATE])[:: 1 if has_prev[0] else -1]
         raise InferenceError(f"{where}: {given} is given without {absent}; the prologue inputs come as a pair")
-    elem_type, types = _elem_types(ctx, present, where)
+    types = {i: t for i, t in types.items() if t}
+    elem_type = _element_type(types, where)
     forms = {proj: _projection_form(proj, present, types, where) for proj in PROJECTIONS}
     if all(form is False for form in forms.values()):
         raise InferenceError(f"{where}: down_inject_weight and up_weight are both dense; at least one must be "
                              f"quantized (uint8), a block with both dense is com.microsoft::HyperConnectionLowRankMix's")
-    shapes = {i: _shape_of(ctx.get_input_type(i)) for i in present}
 
     facts = _NBitsFacts(where, bits, block_size)
     facts.agree("C", c, "num_branches")
@@ -303,11 +315,19 @@ def _infer(ctx) -> None:
     h = facts.get("H")
     width_dim = h * c if h is not None else (streams[-1] if streams else None)
 
-    if not elem_type:  # nothing tells T yet: an UNDEFINED element type would be an error, so set nothing
+    return Inferred(elem_type, c, leading, h, width_dim)
+
+
+def _infer(ctx) -> None:
+    """Type and shape inference: fill what the known facts imply, raise only on contradictions."""
+    present = [i for i in range(ctx.get_num_inputs()) if ctx.has_input(i)]
+    types = {i: tp.tensor_type.elem_type for i in present if (tp := ctx.get_input_type(i)) is not None}
+    found = infer_dims(f"{OP_TYPE} ({ctx.get_display_name()})", ctx.get_attribute, ctx.get_num_inputs(),
+                       ctx.get_num_outputs(), types, {i: _shape_of(ctx.get_input_type(i)) for i in present})
+    if not found.elem_type:  # nothing tells T yet: an UNDEFINED element type would be an error, so set nothing
         return
-    last = {PRE_OUTPUT: h, POST_GATE: c, STREAMS_OUT: width_dim}
+    last = {PRE_OUTPUT: found.H, POST_GATE: found.num_branches, STREAMS_OUT: found.width}
     for o in range(ctx.get_num_outputs()):
         if ctx.has_output(o):
-            shape = None if leading is None else [*leading, last[o]]
-            ctx.set_output_type(o, onnx.helper.make_tensor_type_proto(elem_type, shape))
-
+            shape = None if found.leading is None else [*found.leading, last[o]]
+            ctx.set_output_type(o, onnx.helper.make_tensor_type_proto(found.elem_type, shape))

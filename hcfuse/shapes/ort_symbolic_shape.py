@@ -1,15 +1,16 @@
-"""HyperConnectionLowRankMix in ONNX Runtime's symbolic shape inference (onnxruntime.tools.symbolic_shape_infer).
+"""HyperConnectionLowRankMix and HyperConnectionLowRankMixNBits in ONNX Runtime's symbolic shape inference
+(onnxruntime.tools.symbolic_shape_infer).
 
 Three entry points:
 - `infer_shapes(model, ...)`: what hcfuse users call (a ModelProto, an onnx_ir.Model or a path; the
   last two never read weights). Works on a copy, rewrites the Constant forms ORT's
   tool crashes on, never writes ORT's `sym_shape_infer_temp.onnx` dump, and raises
   `IncompleteShapeInferenceError` naming the values left without a full shape.
-- `HcSymbolicShapeInference`: the tool's class with our handler in `dispatcher_`. When an onnxruntime
+- `HcSymbolicShapeInference`: the tool's class with our handlers in `dispatcher_`. When an onnxruntime
   release ships its own handler under the same op type, ours still wins: hcfuse's schema, kernels and
   tests define this op, so its shapes must not change with the onnxruntime version.
 - `register_with_ort()`: for code bound to ORT's own entry points (quantization preprocessing,
-  transformers' optimizer): inside the block every `SymbolicShapeInference` also knows our op.
+  transformers' optimizer): inside the block every `SymbolicShapeInference` also knows our ops.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from onnxruntime.tools.symbolic_shape_infer import (
     is_literal,
 )
 
+from hcfuse import _op_nbits
 from hcfuse._op import (
     DOWN_WEIGHT,
     INJECT_WEIGHT,
@@ -51,6 +53,7 @@ from hcfuse._op import (
     STREAMS_OUT,
     UP_WEIGHT,
 )
+from hcfuse.shapes import nbits_schema
 from hcfuse.shapes.schema import node_form_problem, register_schema
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "apply_inferred_shapes",
     "IncompleteShapeInferenceError",
     "infer_hc_lowrank_mix",
+    "infer_hc_lowrank_mix_nbits",
     "infer_shapes",
     "register_with_ort",
 ]
@@ -140,13 +144,48 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
             raise ValueError(f"{where}: {INPUTS[i]} must be {spelled} = {shown}; got {_fmt(got)}")
 
     elem_type = elem_types.get(STREAMS) or next(iter(known_types), 0)
-    last = {PRE_OUTPUT: h, POST_GATE: c, STREAMS_OUT: width}
+    _set_outputs(ssi, node, elem_type, leading, {PRE_OUTPUT: h, POST_GATE: c, STREAMS_OUT: width})
+
+
+def _set_outputs(ssi: SymbolicShapeInference, node: onnx.NodeProto, elem_type: int, leading: list, last: dict) -> None:
+    """Both ops' outputs: (*leading, last[o]) of elem_type, sympy dims; an omitted optional output is skipped."""
     for o, name in enumerate(node.output[: len(OUTPUTS)]):
         if not name:
-            continue  # omitted optional output
+            continue
         shape = [*leading, last[o]]
         ssi._update_computed_dims(shape)
         ssi.known_vi_[name].CopyFrom(helper.make_tensor_value_info(name, elem_type, get_shape_from_sympy_shape(shape)))
+
+
+def _dim_of(d) -> nbits_schema.Dim:
+    """A sympy dim as the schema's inference takes it: int when literal, the symbol's name, else unknown."""
+    if is_literal(d):
+        return int(d)
+    return str(d) if isinstance(d, sympy.Symbol) else None
+
+
+def infer_hc_lowrank_mix_nbits(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> None:
+    """Handler of the quantized op: the schema's rules (hcfuse.shapes.nbits_schema.infer_dims) on what the tool
+    knows, then the outputs with sympy dims: pre_output (..., H), post_gate (..., C), streams_out (..., C*H),
+    H = C*H / C also when the width is symbolic. A contradiction raises ValueError naming the node."""
+    where = f"{_op_nbits.OP_TYPE} node {node.name or node.output[0]!r}"
+    names = [_input_name(node, i) for i in range(len(_op_nbits.INPUTS))]
+    present = [i for i, n in enumerate(names) if n]
+    types = {i: ssi.known_vi_[names[i]].type.tensor_type.elem_type for i in present if names[i] in ssi.known_vi_}
+    shapes = {i: None if ssi._try_get_shape(node, i) is None else [_dim_of(d) for d in ssi._get_sympy_shape(node, i)]
+              for i in present}
+    attributes = {a.name: a for a in node.attribute}
+    try:
+        found = nbits_schema.infer_dims(where, attributes.get, len(node.input), len(node.output), types, shapes)
+    except InferenceError as e:
+        raise ValueError(str(e)) from e
+    if shapes[_op_nbits.STREAMS] is None or not found.elem_type:
+        return  # rank or T unknown: nothing to add to what ONNX inferred
+    streams = ssi._get_sympy_shape(node, _op_nbits.STREAMS)
+    width, leading, c = streams[-1], streams[:-1], found.num_branches
+    h = found.H if isinstance(found.H, int) else sympy.simplify(width / c)
+    _set_outputs(ssi, node, found.elem_type, leading,
+                 {PRE_OUTPUT: h, POST_GATE: c, STREAMS_OUT: width if found.H is None else h * c})
 
 
 # ---- the tool with our handler ------------------------------------------------------------
@@ -154,6 +193,13 @@ def infer_hc_lowrank_mix(ssi: SymbolicShapeInference, node: onnx.NodeProto) -> N
 
 def _add_handler(ssi: SymbolicShapeInference) -> None:
     ssi.dispatcher_[OP_TYPE] = functools.partial(infer_hc_lowrank_mix, ssi)
+    ssi.dispatcher_[_op_nbits.OP_TYPE] = functools.partial(infer_hc_lowrank_mix_nbits, ssi)
+
+
+def _register_schemas() -> None:
+    """ORT's tool runs ONNX single-node inference first, which uses our schemas."""
+    register_schema()
+    nbits_schema.register_schema()
 
 
 def _incomplete_values(ssi: SymbolicShapeInference) -> list[str]:
@@ -168,7 +214,8 @@ def _incomplete_values(ssi: SymbolicShapeInference) -> list[str]:
 
 
 class HcSymbolicShapeInference(SymbolicShapeInference):
-    """ONNX Runtime's SymbolicShapeInference that also infers HyperConnectionLowRankMix."""
+    """ONNX Runtime's SymbolicShapeInference that also infers HyperConnectionLowRankMix and
+    HyperConnectionLowRankMixNBits."""
 
     def __init__(self, int_max, auto_merge, guess_output_rank, verbose, prefix=""):
         super().__init__(int_max, auto_merge, guess_output_rank, verbose, prefix)
@@ -210,9 +257,9 @@ def _loaded_tool_classes() -> list[type]:
 @contextlib.contextmanager
 def register_with_ort() -> Iterator[None]:
     """Within the block, every SymbolicShapeInference instance (ORT's entry points, its subclasses and
-    subgraph passes included) also handles HyperConnectionLowRankMix. Process-wide while active;
-    restored in `finally`, so nesting and exceptions are safe."""
-    register_schema()  # ORT's tool runs ONNX single-node inference first, which uses our schema
+    subgraph passes included) also handles HyperConnectionLowRankMix and HyperConnectionLowRankMixNBits.
+    Process-wide while active; restored in `finally`, so nesting and exceptions are safe."""
+    _register_schemas()
     patched = []
     try:
         for klass in _loaded_tool_classes():
@@ -285,7 +332,7 @@ def infer_shapes(
     verbose: int = 0,
     int_max: int = 2**31 - 1,
 ):
-    """ONNX Runtime's symbolic shape inference, HyperConnectionLowRankMix included.
+    """ONNX Runtime's symbolic shape inference, HyperConnectionLowRankMix and its quantized form included.
 
     A ModelProto gives a new ModelProto with value_info for every value (Constants written as
     value_float/value_ints/... come back as equivalent `value` tensors). An onnx_ir.Model gives a
@@ -311,7 +358,7 @@ def infer_shapes(
 
 
 def _infer_proto(model: onnx.ModelProto, options: dict) -> onnx.ModelProto:
-    register_schema()
+    _register_schemas()
     work = onnx.ModelProto()
     work.CopyFrom(model)
     _rewrite_constants(work.graph)
