@@ -28,6 +28,13 @@ from hcfuse.models.hc_block import make_fused_node_model, random_activations, ra
 from hcfuse.reference import hc_lowrank_mix_steps
 from tests._compare import assert_bitwise_equal, assert_ulp_close, run_bound, to_ort_value
 from tests._cuda import compute_capability, cuda_session, device_to_host, fused_chain_model
+from tests.kernels.test_kernels_cpu import (
+    POST_GATE_ATTRS,
+    POST_GATE_IDS,
+    assert_post_gate_at_stock_points,
+    order_free_inject_case,
+)
+from tests.kernels.test_kernels_cuda import SIGMOID_FP32_ULPS
 
 pytestmark = pytest.mark.cuda
 
@@ -126,6 +133,26 @@ def test_small_shapes_match_reference(fast_session, rng, dtype, C, H, R, rows, p
     model, weights, feeds = _case(C, H, R, dtype, rows, prologue, rng)
     got = run_bound(fast_session(model), feeds, device="cuda")
     _check_against_reference(got, _reference(feeds, weights, C), f"C={C} H={H} R={R} rows={rows}")
+
+
+@pytest.mark.parametrize("attrs", POST_GATE_ATTRS, ids=POST_GATE_IDS)
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("rows", [8, 16])
+@pytest.mark.parametrize("shape", [QWEN, dict(C=4, H=1024, R=64)], ids=["registers", "tile"])
+def test_post_gate_rounds_at_the_stock_points(fast_session, dtype, rows, shape, attrs):
+    """Constant weights (read before the PDL wait; in registers at the real shape, a shared-memory tile
+    at the other): the gate logit, its sigmoid and post_gate are each rounded to T, as the stock Div,
+    Sigmoid and Mul round, bit for bit, with an inject that every order of its sum gets exactly
+    (test_kernels_cuda.py runs the same with weights as graph inputs)."""
+    C, H, R = shape["C"], shape["H"], shape["R"]
+    attrs = {**attrs, "epsilon": 0.0}
+    inputs = order_free_inject_case(C, H, R, dtype, rows, np.random.default_rng([rows, C, H]))
+    weights = {k: v for k, v in inputs.items() if k != "streams"}
+    model = make_fused_node_model(**shape, dtype=dtype, weights_as_inputs=False, weights=weights, **attrs)
+    got = run_bound(fast_session(model), {"streams": inputs["streams"]}, device="cuda")
+    steps = hc_lowrank_mix_steps(**inputs, num_branches=C, **attrs)
+    assert_post_gate_at_stock_points(got["post_gate"], steps, attrs, f"post_gate {attrs} rows={rows} C={C} H={H}",
+                                     sigmoid_fp32_ulps=SIGMOID_FP32_ULPS)
 
 
 def test_row_independence_and_determinism(fast_session, rng):

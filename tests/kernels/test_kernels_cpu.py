@@ -24,7 +24,7 @@ from hcfuse import reference
 from hcfuse._op import OUTPUTS, QWEN_ATTRIBUTES, QWEN_SHAPE
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from hcfuse.checking.verification import ulp_gap
-from tests._compare import BFLOAT16, assert_bitwise_equal, assert_ulp_close, run_bound
+from tests._compare import BFLOAT16, UINT_OF, assert_bitwise_equal, assert_ulp_close, run_bound
 from tests.op.test_reference import run_node
 
 DTYPES = [np.float32, np.float16, BFLOAT16]
@@ -319,13 +319,36 @@ def order_free_inject_case(C, H, R, dtype, rows, rng) -> dict:
     return feeds
 
 
-def assert_post_gate_at_stock_points(actual, steps, attrs, what: str) -> None:
+def sigmoid_near_a_rounding_boundary(steps, attrs, fp32_ulps: int) -> np.ndarray:
+    """Where the contract's fp32 sigmoid of the gate logit lies within fp32_ulps fp32 ulps of a rounding
+    boundary of T: a sigmoid whose exp is a few fp32 ulps off (CUDA's expf: up to 2) may round to the
+    neighbouring value of T there, and only there."""
+    dtype = steps["post_gate"].dtype
+    logit = (steps["inject"].astype(np.float32) / np.float32(attrs["gate_div"])).astype(dtype)
+    sigmoid = reference.sigmoid_f32(logit)
+    rounded = sigmoid.astype(dtype)
+    low, high = sigmoid.copy(), sigmoid.copy()
+    for _ in range(fp32_ulps):
+        low, high = np.nextafter(low, np.float32(-np.inf)), np.nextafter(high, np.float32(np.inf))
+    u = UINT_OF[dtype]
+    return (low.astype(dtype).view(u) != rounded.view(u)) | (high.astype(dtype).view(u) != rounded.view(u))
+
+
+def assert_post_gate_at_stock_points(actual, steps, attrs, what: str, sigmoid_fp32_ulps: int = 0) -> None:
     """actual is the reference's post_gate bit for bit, and the case tells the rounding points apart:
     in 16-bit T, rounding once (sigmoid(inject / gate_div) * gate_mul in fp32) gives other bits on
-    more than a tenth of the elements."""
+    more than a tenth of the elements. With sigmoid_fp32_ulps (a path whose fp32 sigmoid may be that
+    many ulps off), elements whose sigmoid may round the other way (sigmoid_near_a_rounding_boundary:
+    a few, most of them logits near 0, where sigmoid is about 0.5 + logit / 4, half way between two
+    values of T) may be up to 2 ulps of T off instead."""
     expected = steps["post_gate"]
-    assert_bitwise_equal(actual, expected, what)
     dtype = expected.dtype
+    exempt = np.zeros(expected.shape, bool)
+    if sigmoid_fp32_ulps:
+        exempt = sigmoid_near_a_rounding_boundary(steps, attrs, sigmoid_fp32_ulps)
+        assert exempt.mean() <= 0.05, f"{what}: {exempt.mean():.1%} of the sigmoids lie near a rounding boundary"
+        assert_ulp_close(actual[exempt], expected[exempt], 2, f"{what}, sigmoids near a rounding boundary")
+    assert_bitwise_equal(np.where(exempt, expected, actual), expected, what)
     if dtype.itemsize == 2:
         x = steps["inject"].astype(np.float32) / np.float32(attrs["gate_div"])
         once = (reference.sigmoid_f32(x) * np.float32(attrs["gate_mul"])).astype(dtype)

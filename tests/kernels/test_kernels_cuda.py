@@ -37,6 +37,12 @@ from hcfuse.reference import hc_lowrank_mix, hc_lowrank_mix_steps
 from hcfuse.checking.verification import scaled_ulp
 from tests._compare import assert_bitwise_equal, max_ulp, run_bound, to_ort_value, ulp_distance
 from tests._cuda import compute_capability, cuda_session, device_to_host, fused_chain_model
+from tests.kernels.test_kernels_cpu import (
+    POST_GATE_ATTRS,
+    POST_GATE_IDS,
+    assert_post_gate_at_stock_points,
+    order_free_inject_case,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -191,6 +197,35 @@ def test_zero_and_empty_leading_dims(hcfuse_lib, monkeypatch, rng, rows, path):
     got = _run(model, {**feeds, **weights}, path, hcfuse_lib, monkeypatch, fast_must_run=True)
     assert {k: v.shape for k, v in got.items()} == {
         "pre_output": (rows, 0, H), "post_gate": (rows, 0, C), "streams_out": (rows, 0, C * H)}
+
+
+# ---- post_gate's rounding points: the stock Div, Sigmoid and Mul's
+
+# the real shape in the few-row and the mid row range (both paths), and a shape only the general path runs
+POST_GATE_CASES = [((4, 2560, 320), 16), ((4, 2560, 320), 300), ((3, 40, 8), 1000)]
+# fp32 ulps a sigmoid may be off on the device (CUDA's expf: up to 2, carried through 1 + e and 1 / d)
+SIGMOID_FP32_ULPS = 4
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("attrs", POST_GATE_ATTRS, ids=POST_GATE_IDS)
+@pytest.mark.parametrize("shape, rows", POST_GATE_CASES, ids=["real-16-rows", "real-300-rows", "C3-1000-rows"])
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=DTYPE_IDS[1:])
+def test_post_gate_rounds_at_the_stock_points(hcfuse_lib, monkeypatch, dtype, shape, rows, attrs, path):
+    """The gate logit, its sigmoid and post_gate are each rounded to T, as the stock Div, Sigmoid and Mul
+    round (onnxruntime's schema of the op states the same), at gate_div and gate_mul that are not powers
+    of two: the reference's post_gate bit for bit. The inputs make inject exact in any order of its sum
+    (order_free_inject_case), so no accumulation order excuses a difference; only a sigmoid within
+    SIGMOID_FP32_ULPS of a rounding boundary of T may round the other way."""
+    _require_dtype(dtype)
+    C, H, R = shape
+    attrs = {**attrs, "epsilon": 0.0}
+    feeds = order_free_inject_case(C, H, R, dtype, rows, np.random.default_rng([rows, C, dtype.itemsize]))
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, **attrs)
+    got = _run(model, feeds, path, hcfuse_lib, monkeypatch, fast_must_run={"C": C, "H": H, "R": R} == QWEN)
+    steps = hc_lowrank_mix_steps(**feeds, num_branches=C, **attrs)
+    assert_post_gate_at_stock_points(got["post_gate"], steps, attrs, f"post_gate {attrs} rows={rows} path={path}",
+                                     sigmoid_fp32_ulps=SIGMOID_FP32_ULPS)
 
 
 # ---- chains, row independence, determinism, CUDA graphs
