@@ -7,7 +7,9 @@ name (its data in ``<name>.data``), beside a copy of every other file (hcfuse.fi
 says which), and sets model.decoder.session_options.custom_ops_library in OUT_DIR/genai_config.json
 to hcfuse's custom-op library: by default a copy of the library in OUT_DIR named by a relative path
 (onnxruntime-genai resolves it against the folder and, since 0.18, refuses a library outside it), or
-with copy_library=False the installed library's absolute path. `unfuse_folder` does the reverse: the
+with copy_library=False the installed library's absolute path, which onnxruntime-genai 0.18 and newer
+refuse ("not within an allowed directory": the path, links resolved, must lie in the model folder):
+that run warns (LIBRARY_OUTSIDE_FOLDER, in FolderResult.warnings and as a LibraryLocationWarning). `unfuse_folder` does the reverse: the
 stock decoder, no hcfuse library, no custom_ops_library naming it.
 
 A run is one commit (hcfuse.files.folder_commit): the whole new folder is built beside OUT_DIR,
@@ -22,6 +24,7 @@ import dataclasses
 import filecmp
 import os
 import shutil
+import warnings
 
 from hcfuse._library import get_library_path, library_file_name
 from hcfuse.files import folder_commit, folder_contents, model_io
@@ -30,8 +33,17 @@ from hcfuse.files.genai_config import CONFIG_NAME, GenaiConfig, GenaiConfigError
 from hcfuse.files.pipeline import FileResult, optimize_file, unfuse_file, write_json_atomic
 from hcfuse.files.unchanged_inputs import InputSignatures
 
-__all__ = ["CONFIG_NAME", "FolderResult", "GenaiConfigError", "FolderContentError", "optimize_folder",
-           "unfuse_folder"]
+__all__ = ["CONFIG_NAME", "FolderResult", "GenaiConfigError", "FolderContentError", "LibraryLocationWarning",
+           "optimize_folder", "unfuse_folder"]
+
+# What a folder naming the library outside itself meets in onnxruntime-genai, and what to do instead.
+LIBRARY_OUTSIDE_FOLDER = ("{config}: custom_ops_library names {library}, outside the model folder: onnxruntime-genai "
+                          "0.18 and newer refuse it (\"custom_ops_library path is not within an allowed directory\"); "
+                          "run without --link-library (copy_library=True) to copy the library into the folder")
+
+
+class LibraryLocationWarning(UserWarning):
+    """The folder names hcfuse's library where onnxruntime-genai may refuse to load it."""
 
 
 @dataclasses.dataclass
@@ -44,6 +56,7 @@ class FolderResult:
     copied: list[str]  # the folder's other files, copied
     pipeline: FileResult  # what hcfuse.files.pipeline's optimize_file / unfuse_file returned
     committed: bool = True
+    warnings: list[str] = dataclasses.field(default_factory=list)  # one line each, for the user
 
 
 def _library_names() -> set[str]:
@@ -213,6 +226,9 @@ def optimize_folder(model_dir, out_dir, *, copy_library: bool = True, verify: bo
                              debug=debug, verify_dims=verify_dims)
 
     result = run.write(fuse, copy_library)
+    if result.committed and not copy_library:  # the installed library: never inside OUT_DIR, which is replaced
+        result.warnings.append(LIBRARY_OUTSIDE_FOLDER.format(config=result.config, library=result.custom_ops_library))
+        warnings.warn(result.warnings[-1], LibraryLocationWarning, stacklevel=2)
     if run.report is not None:
         write_json_atomic(run.report, result.pipeline.to_dict())
         result.pipeline.report = run.report
