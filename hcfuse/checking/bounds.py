@@ -156,14 +156,22 @@ def _flip_propagation(f, w, dtype, C, H, rs, alpha, gate_div, gate_mul):
     mix = np.abs(hn) * d_g + (np.abs(g) + d_g) * d_hn + (C + 1) * _U * np.abs(hn * g)
     d_pre = abs(rs) * mix.sum(axis=1)
     d_inject = through(ulp(f["hn"]), w["inject_weight"], f["inject"])
-    return d_pre, _post_gate_delta(f["inject"], d_inject, gate_div, gate_mul)
+    return d_pre, _post_gate_delta(f["inject"], d_inject, gate_div, gate_mul, dtype)
 
 
-def _post_gate_delta(inject, d_inject, gate_div, gate_mul):
+def _post_gate_delta(inject, d_inject, gate_div, gate_mul, dtype):
+    """How far post_gate = T(T(sigmoid(T(inject / gate_div))) * gate_mul) may move, before its last
+    rounding, when inject moves by d_inject: the gate logit by d_inject / |gate_div| plus a flip of its
+    rounding (one ulp of T); the sigmoid by its slope times that, its fp32 roundings and a flip of its
+    own rounding; post_gate by |gate_mul| times the sigmoid's move (its own flip: _in_scaled_ulps)."""
+    ulp = lambda x: ulp_unit(x, dtype)  # noqa: E731
     x = inject / gate_div
-    dx = d_inject / abs(gate_div) + _U * np.abs(x)
-    gate = np.abs(gate_mul) / (1.0 + np.exp(-x))
-    return np.abs(gate_mul) * _sigmoid_slope(x, dx) * dx + 3 * _U * gate
+    dx_exact = d_inject / abs(gate_div)
+    dx = dx_exact + ulp(np.abs(x) + dx_exact)
+    sigmoid = 1.0 / (1.0 + np.exp(-x))
+    d_sigmoid_exact = _sigmoid_slope(x, dx) * dx + 3 * _U * sigmoid
+    d_sigmoid = d_sigmoid_exact + ulp(sigmoid + d_sigmoid_exact)
+    return abs(gate_mul) * d_sigmoid
 
 
 def _order_noise(x: np.ndarray, w: np.ndarray, result: np.ndarray) -> np.ndarray:
@@ -217,4 +225,4 @@ def _order_propagation(f, w, C, H, *, reorders_norm, rs, alpha, gate_div, gate_m
     inject_parts = np.einsum("rch,chq->rcq", hn_c, inject_w)
     d_inject = (_order_noise(hn, w["inject_weight"], f["inject"]) + e_hn * np.abs(inject_parts).sum(axis=1)
                 + _U * np.abs(f["inject"]))
-    return d_pre, _post_gate_delta(f["inject"], d_inject, gate_div, gate_mul)
+    return d_pre, _post_gate_delta(f["inject"], d_inject, gate_div, gate_mul, np.float32)
