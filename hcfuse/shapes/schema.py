@@ -57,13 +57,37 @@ Per row (c indexes branches, h features within a branch):
 
 Numerics contract: every matrix product and reduction accumulates in fp32; each step is rounded once
 to T where the equivalent standard operator would round: S, hn, down, Z = silu_alpha * down,
-SG = sigmoid(Z), hidden = Z * SG, up, g, pre_output, inject, post_gate (post_gate computed in fp32
-from the rounded inject, rounded once). Sigmoid is an accurate fp32 sigmoid rounded once to T.
-Accumulation order is fixed: results are deterministic and row independent.
+SG = sigmoid(Z), hidden = Z * SG, up, g, pre_output, inject, and the gate as the stock Div, Sigmoid
+and Mul round it: post_gate = T(T(sigmoid(T(inject / gate_div))) * gate_mul). Sigmoid is an accurate
+fp32 sigmoid rounded once to T. Accumulation order is fixed: results are deterministic and row
+independent.
 Type T: {", ".join(f"tensor({TensorProto.DataType.Name(t).lower()})" for t in ELEMENT_TYPES)}.
 """
 
 _TYPE_STRS = [f"tensor({TensorProto.DataType.Name(t).lower()})" for t in ELEMENT_TYPES]
+
+# What each input, output and attribute is (onnxruntime's schema of the op says the same).
+_DESCRIPTIONS = {
+    "streams": "The C streams of width H, flattened: (..., C*H). With the prologue, the streams before the "
+               "previous block's post-mix.",
+    "norm_scale": "Per-branch RMS norm weight: (C*H).",
+    "down_weight": "Down projection of the gate network: (C*H, R), row-major [K, N].",
+    "up_weight": "Up projection of the gate network: (R, C*H), row-major [K, N].",
+    "inject_weight": "Projection of hn to the gate logits: (C*H, C), row-major [K, N].",
+    "prev_block_output": "Optional output of the previous block: (..., H). Given together with prev_post_gate, "
+                         "the previous block's post-mix is applied first.",
+    "prev_post_gate": "Optional post_gate of the previous call: (..., C). Given together with prev_block_output.",
+    "pre_output": "Input of the next transformer block: (..., H), reduction_scale * sum over branches of hn * g.",
+    "post_gate": "Post-mix gate for the next call: (..., C), sigmoid(inject / gate_div) * gate_mul.",
+    "streams_out": "Optional streams after the prologue, S: the shape of streams. Equal to streams without "
+                   "the prologue inputs.",
+    "num_branches": "Number of streams C. The last dim of streams is C*H.",
+    "epsilon": "Added to each branch's mean square before the reciprocal square root.",
+    "reduction_scale": "Multiplier of the sum over branches that forms pre_output.",
+    "silu_alpha": "Scale of the ScaledSiLU between the down and up projections.",
+    "gate_div": "Divisor of the gate logits (hn @ inject_weight) before the sigmoid. Must not be zero.",
+    "gate_mul": "Multiplier of the sigmoid of the gate logits.",
+}
 
 
 def make_schema() -> OpSchema:
@@ -71,11 +95,12 @@ def make_schema() -> OpSchema:
     single, optional = OpSchema.FormalParameterOption.Single, OpSchema.FormalParameterOption.Optional
 
     def param(name: str, index: int, required: int) -> OpSchema.FormalParameter:
-        return OpSchema.FormalParameter(name, "T", param_option=single if index < required else optional)
+        return OpSchema.FormalParameter(name, "T", _DESCRIPTIONS[name],
+                                        param_option=single if index < required else optional)
 
-    attrs = [OpSchema.Attribute("num_branches", OpSchema.AttrType.INT, "number of streams C", required=True)]
+    attrs = [OpSchema.Attribute("num_branches", OpSchema.AttrType.INT, _DESCRIPTIONS["num_branches"], required=True)]
     attrs += [
-        OpSchema.Attribute(name, onnx.helper.make_attribute(name, float(ATTRIBUTES[name])), name)
+        OpSchema.Attribute(name, onnx.helper.make_attribute(name, float(ATTRIBUTES[name])), _DESCRIPTIONS[name])
         for name in FLOAT_ATTRIBUTES
     ]
     schema = OpSchema(

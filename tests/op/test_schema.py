@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import onnx
 import pytest
 from onnx import TensorProto, helper
 from onnx.shape_inference import InferenceError
 
 from hcfuse._op import (
+    ATTRIBUTES,
     DOMAIN,
     INPUTS,
     NUM_REQUIRED_INPUTS,
@@ -85,6 +88,39 @@ def test_schema_matches_op_constants():
     (constraint,) = schema.type_constraints
     assert sorted(constraint.allowed_type_strs) == ["tensor(bfloat16)", "tensor(float)", "tensor(float16)"]
     assert "Numerics contract" in schema.doc and "fp32" in schema.doc
+
+
+def _described(schema) -> dict[str, str]:
+    """Description of every input, output and attribute, by name."""
+    described = {p.name: p.description for p in (*schema.inputs, *schema.outputs)}
+    return {**described, **{name: a.description for name, a in schema.attributes.items()}}
+
+
+def test_every_input_output_and_attribute_is_described():
+    described = _described(make_schema())
+    assert set(described) == {*INPUTS, *OUTPUTS, *ATTRIBUTES}
+    assert not [name for name, text in described.items() if not text.strip()], "described with nothing"
+    assert "Must not be zero" in described["gate_div"]
+
+
+def _shapes(text: str) -> list[str]:
+    """The shapes a description gives, spaces dropped: "(..., C * H)" -> "(...,C*H)"."""
+    return re.findall(r"\((?:\.\.\.|[CHR*]+)(?:,(?:\.\.\.|[CHR*]+))*\)", text.replace(" ", ""))
+
+
+def test_inputs_and_outputs_have_the_shapes_onnxruntime_states():
+    """onnxruntime's own schema of the op (1.32 ships it) gives every input and output the same shape."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
+
+    theirs = next((s for s in get_all_operator_schema() if (s.name, s.domain) == (OP_TYPE, DOMAIN)), None)
+    if theirs is None:
+        pytest.skip("this onnxruntime ships no schema of the op")
+    ours = make_schema()
+    their_text = {p.name: p.description for p in (*theirs.inputs, *theirs.outputs)}
+    for p in (*ours.inputs, *ours.outputs):
+        assert _shapes(p.description) == _shapes(their_text[p.name]), (
+            f"{p.name}: ours {p.description!r}, onnxruntime's {their_text[p.name]!r}")
+    assert any(_shapes(p.description) for p in ours.inputs), "no shape found: the pattern reads nothing"
 
 
 def test_register_is_idempotent_and_deregister_undoes_it():
