@@ -4,22 +4,30 @@ optimize/unfuse take an onnx.ModelProto or an onnx_ir.Model and return the same 
 never modified (the work happens on a copy whose weights are shared, not read).
 optimize_file/unfuse_file/infer_shapes_file take paths and do what the ``hcfuse`` command does, with
 its guarantees (hcfuse.files.pipeline): input untouched, model and data committed together.
+inference_session makes the onnxruntime session a fused model needs (hcfuse's library registered).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import onnx
 import onnx_ir as ir
+from onnx import external_data_helper
 
 from hcfuse.files.pipeline import FileResult, infer_shapes_file, optimize_file, unfuse_file
 from hcfuse.checking.unfusion import unfuse as _unfuse_in_place
 from hcfuse.checking.verification import VerifyResult, verify
+from hcfuse._library import (add_contrib_opset_import, has_contrib_opset_import, missing_library_message, register,
+                             registered_library)
 
-__all__ = ["FileResult", "VerifyResult", "infer_shapes_file", "optimize", "optimize_file", "optimize_with_report",
-           "unfuse", "unfuse_file", "verify"]
+__all__ = ["FileResult", "MissingLibraryError", "VerifyResult", "inference_session", "infer_shapes_file", "optimize",
+           "optimize_file", "optimize_with_report", "unfuse", "unfuse_file", "verify"]
+
+class MissingLibraryError(RuntimeError):
+    """onnxruntime found no kernel for the fused node: the message says how to register hcfuse's library."""
 
 
 def _on_copy(model, transform: Callable[[ir.Model], object]):
@@ -63,3 +71,62 @@ def optimize(model, *, debug: bool = False):
 def unfuse(model):
     """Expands every fused node back into the stock contrib-op chain (input untouched)."""
     return _on_copy(model, _unfuse_in_place)[0]
+
+
+def _serialized(proto: onnx.ModelProto, what: str) -> bytes:
+    if proto.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF:
+        raise ValueError(f"hcfuse.inference_session: {what} imports no com.microsoft opset and is over protobuf's "
+                         "2 GB with the import added in memory; add the import to the file "
+                         "(hcfuse._library.add_contrib_opset_import) and pass its path")
+    return proto.SerializeToString()
+
+
+def _session_source(model) -> bytes | str:
+    """model as onnxruntime takes it, importing com.microsoft when it does not (hcfuse._library.
+    has_contrib_opset_import says why); the caller's model and files are never modified."""
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if has_contrib_opset_import(onnx.load(path, load_external_data=False)):
+            return path  # onnxruntime reads the file and its external data itself
+        proto = onnx.load(path)  # the weights too: a model given as bytes finds no external data
+        external_data_helper.convert_model_from_external_data(proto)
+        add_contrib_opset_import(proto)
+        return _serialized(proto, path)
+    if isinstance(model, bytes):
+        proto = onnx.load_from_string(model)
+        return _serialized(proto, "the model") if add_contrib_opset_import(proto) else model
+    if isinstance(model, ir.Model):
+        proto = ir.to_proto(model)  # external tensors stay references, relative to their folder
+        folders = {t.base_dir for t in model.graph.initializers.values() if isinstance(t.const_value, ir.ExternalTensor)}
+        for folder in folders:
+            external_data_helper.load_external_data_for_model(proto, os.fspath(folder))
+        external_data_helper.convert_model_from_external_data(proto)
+        model = proto
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"hcfuse: expected a path, bytes, an onnx.ModelProto or onnx_ir.Model; got {type(model).__name__}")
+    if not has_contrib_opset_import(model):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        add_contrib_opset_import(copy)
+        model = copy
+    return _serialized(model, "the model")
+
+
+def inference_session(model, session_options=None, *, providers: Sequence = ("CPUExecutionProvider",)):
+    """An onnxruntime.InferenceSession of model (a path, bytes, onnx.ModelProto or onnx_ir.Model; never
+    modified) with hcfuse's custom-op library registered on session_options (a new SessionOptions when
+    None; registering again is a no-op). A model that does not import com.microsoft is given the import
+    on a copy (hcfuse._library.has_contrib_opset_import says why). A session that still finds no kernel
+    for the fused node (a provider the library has no kernels for) raises MissingLibraryError, one line
+    saying what to do.
+    """
+    import onnxruntime as ort
+
+    options = register(session_options)
+    try:
+        return ort.InferenceSession(_session_source(model), options, providers=list(providers))
+    except Exception as e:  # onnxruntime raises its own exception types, one per status code
+        message = missing_library_message(e, registered_library(options))
+        if message is None:
+            raise
+        raise MissingLibraryError(message) from e

@@ -15,7 +15,10 @@ from onnx import helper
 
 import hcfuse
 from hcfuse import reference
+from hcfuse._library import (METADATA_KEY, kernel_source_metadata, missing_library_message,
+                             registered_library)
 from hcfuse._op import BRANCH_NORM, DOMAIN, INPUTS, IR_VERSION, ONNX_OPSET, OP_TYPE
+from hcfuse.api import inference_session
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
 from tests._compare import BFLOAT16, assert_bitwise_equal, run_bound
 from tests.kernels.test_kernels_cpu import assert_matches_reference
@@ -43,6 +46,63 @@ def test_registering_twice_in_one_process(hcfuse_lib, rng):
         outs.append(sess.run(None, feeds))
     for a, b in zip(*outs):
         assert_bitwise_equal(a, b)
+
+
+def test_registering_twice_on_one_session_options_is_a_no_op(hcfuse_lib, rng):
+    """A second hcfuse.register on the same options would add com.microsoft twice ("Domain already set in
+    registry" at session creation): the options record the library and the second call returns them."""
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=np.float32)
+    feeds = {**random_weights(C, H, R, np.float32, rng), **random_activations((ROWS,), C, H, np.float32, rng)}
+    options = ort.SessionOptions()
+    assert registered_library(options) is None
+    assert hcfuse.register(options) is options and hcfuse.register(options) is options
+    assert registered_library(options) == hcfuse_lib
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert_matches_reference(sess.run(None, feeds)[0], reference.hc_lowrank_mix(**feeds, num_branches=C)[0],
+                             "pre_output", "pre_output")
+
+
+def test_registering_another_hcfuse_library_on_the_same_options_names_both(hcfuse_lib, tmp_path, monkeypatch):
+    copy = tmp_path / os.path.basename(hcfuse_lib)
+    copy.write_bytes(pathlib.Path(hcfuse_lib).read_bytes())
+    options = hcfuse.register(ort.SessionOptions())
+    monkeypatch.setenv("HCFUSE_LIBRARY", str(copy))
+    with pytest.raises(ValueError, match=re.escape(hcfuse_lib) + ".*" + re.escape(str(copy)) + ".*twice"):
+        hcfuse.register(options)
+
+
+def test_a_fused_model_run_without_the_library_gets_hcfuse_s_instruction(rng):
+    """onnxruntime's own error (1.32: no implementation; 1.31: no schema) read by hcfuse into one line
+    naming hcfuse.register; hcfuse.inference_session on the same model runs it."""
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=np.float32)
+    with pytest.raises(Exception) as raised:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    message = missing_library_message(raised.value)
+    assert message is not None and "\n" not in message
+    assert "hcfuse.register(session_options)" in message and OP_TYPE in message
+    assert missing_library_message(raised.value, "/x/libhcfuse_ops.so") != message  # registered: another cause
+    assert missing_library_message(ValueError("unrelated")) is None
+
+
+def test_inference_session_registers_the_library_once(hcfuse_lib, rng):
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=np.float32)
+    feeds = {**random_weights(C, H, R, np.float32, rng), **random_activations((ROWS,), C, H, np.float32, rng)}
+    options = hcfuse.register(ort.SessionOptions())  # the caller registered already: no second domain
+    sess = inference_session(model, options)
+    assert_matches_reference(sess.run(None, feeds)[0], reference.hc_lowrank_mix(**feeds, num_branches=C)[0],
+                             "pre_output", "pre_output")
+
+
+def test_kernel_source_metadata_reaches_onnxruntime_s_model_metadata(hcfuse_lib):
+    """What a fused model carries (the fusion pass writes it): onnxruntime shows it to whoever opens it."""
+    entry = kernel_source_metadata()
+    assert list(entry) == [METADATA_KEY]
+    assert hcfuse.__version__ in entry[METADATA_KEY] and "hcfuse.register(session_options)" in entry[METADATA_KEY]
+    assert "\n" not in entry[METADATA_KEY]
+    model = make_fused_node_model(C=C, H=H, R=R, dtype=np.float32)
+    helper.set_model_props(model, entry)
+    sess = inference_session(model)
+    assert sess.get_modelmeta().custom_metadata_map == entry
 
 
 def test_loads_next_to_builtin_contrib_ops(make_session, rng):
