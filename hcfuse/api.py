@@ -97,13 +97,14 @@ def _session_source(model) -> bytes | str:
         return _serialized(proto, "the model") if add_contrib_opset_import(proto) else model
     if isinstance(model, ir.Model):
         proto = ir.to_proto(model)  # external tensors stay references, relative to their folder
-        folders = {t.base_dir for t in model.graph.initializers.values() if isinstance(t.const_value, ir.ExternalTensor)}
-        for folder in folders:
+        tensors = [value.const_value for value in model.graph.initializers.values()]
+        for folder in {t.base_dir for t in tensors if isinstance(t, ir.ExternalTensor)}:
             external_data_helper.load_external_data_for_model(proto, os.fspath(folder))
         external_data_helper.convert_model_from_external_data(proto)
         model = proto
     if not isinstance(model, onnx.ModelProto):
-        raise TypeError(f"hcfuse: expected a path, bytes, an onnx.ModelProto or onnx_ir.Model; got {type(model).__name__}")
+        raise TypeError("hcfuse: expected a path, bytes, an onnx.ModelProto or onnx_ir.Model; got "
+                        f"{type(model).__name__}")
     if not has_contrib_opset_import(model):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)

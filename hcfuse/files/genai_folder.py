@@ -9,8 +9,8 @@ to hcfuse's custom-op library: by default a copy of the library in OUT_DIR named
 (onnxruntime-genai resolves it against the folder and, since 0.18, refuses a library outside it), or
 with copy_library=False the installed library's absolute path, which onnxruntime-genai 0.18 and newer
 refuse ("not within an allowed directory": the path, links resolved, must lie in the model folder):
-that run warns (LIBRARY_OUTSIDE_FOLDER, in FolderResult.warnings and as a LibraryLocationWarning). `unfuse_folder` does the reverse: the
-stock decoder, no hcfuse library, no custom_ops_library naming it.
+that run warns (LIBRARY_OUTSIDE_FOLDER, in FolderResult.warnings and as a LibraryLocationWarning).
+`unfuse_folder` does the reverse: the stock decoder, no hcfuse library, no custom_ops_library naming it.
 
 A run is one commit (hcfuse.files.folder_commit): the whole new folder is built beside OUT_DIR,
 verified when asked, checked against the inputs' state when they were read, and swapped in. Every

@@ -5,7 +5,7 @@ SkipLayerNormalization), next to hcfuse's library.
 onnxruntime gives a custom-op library's domain the opset range 1 to 1000 and fills a model's missing
 com.microsoft import with the highest version any registered schema set claims: 1000 once the library adds
 com.microsoft, a version at which onnxruntime finds none of its own com.microsoft schemas. hcfuse's session
-factory (hcfuse.inference_session) imports com.microsoft at 1 on a copy, and hcfuse._library.
+factory (hcfuse.api.inference_session) imports com.microsoft at 1 on a copy, and hcfuse._library.
 add_contrib_opset_import does it for a model the caller loads; a bare registration is onnxruntime's to fix.
 """
 
@@ -47,17 +47,18 @@ def _models() -> dict[str, onnx.ModelProto]:
     weight = rng.standard_normal((H, H))
     gelu_constants = {"sqrt2": np.sqrt(2.0), "one": 1.0, "half": 0.5}
     return {
-        "FusedMatMul-div": _model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Div", ["m", "c"], ["y"])],
-                                  {"w": weight, "c": 2.0}, [2, 3, H]),
-        "FusedMatMul-mul": _model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "c"], ["y"])],
-                                  {"w": weight, "c": 0.5}, [2, 3, H]),
+        "FusedMatMul-div": _model([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                                   helper.make_node("Div", ["m", "c"], ["y"])], {"w": weight, "c": 2.0}, [2, 3, H]),
+        "FusedMatMul-mul": _model([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                                   helper.make_node("Mul", ["m", "c"], ["y"])], {"w": weight, "c": 0.5}, [2, 3, H]),
         "FusedGemm": _model([helper.make_node("Gemm", ["x", "w", "b"], ["g"]), helper.make_node("Relu", ["g"], ["y"])],
                             {"w": weight, "b": rng.standard_normal(H)}, [3, H]),
         "Gelu": _model(_gelu_nodes("x"), gelu_constants, [2, 3, H]),
         "BiasGelu": _model([helper.make_node("Add", ["x", "bias"], ["xb"]), *_gelu_nodes("xb")],
                            {"bias": rng.standard_normal(H), **gelu_constants}, [2, 3, H]),
-        "QuickGelu": _model([helper.make_node("Mul", ["x", "alpha"], ["ax"]), helper.make_node("Sigmoid", ["ax"], ["s"]),
-                             helper.make_node("Mul", ["x", "s"], ["y"])], {"alpha": 1.702}, [2, 3, H]),
+        "QuickGelu": _model([helper.make_node("Mul", ["x", "alpha"], ["ax"]),
+                             helper.make_node("Sigmoid", ["ax"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
+                            {"alpha": 1.702}, [2, 3, H]),
         "SkipLayerNormalization": _model(
             [helper.make_node("Add", ["x", "skip"], ["a"]),
              helper.make_node("LayerNormalization", ["a", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5)],
@@ -126,6 +127,17 @@ def test_a_com_microsoft_import_keeps_it_loading_next_to_the_library(case, tmp_p
     _session(model, ort.SessionOptions(), tmp_path / "alone.onnx")
     _session(model, hcfuse.register(ort.SessionOptions()), tmp_path / "with_library.onnx").run(None, _feeds(model))
     assert _ops(tmp_path / "with_library.onnx") == _ops(tmp_path / "alone.onnx")
+
+
+def test_an_onnx_ir_model_keeps_its_external_data(tmp_path, hcfuse_lib):
+    import onnx_ir as ir
+
+    model = MODELS["FusedMatMul-div"]
+    stored = onnx.ModelProto()
+    stored.CopyFrom(model)  # onnx.save moves the weights of the proto it saves out to the file
+    onnx.save(stored, str(tmp_path / "model.onnx"), save_as_external_data=True, location="model.data", size_threshold=0)
+    got = inference_session(ir.load(str(tmp_path / "model.onnx"))).run(None, _feeds(model))
+    np.testing.assert_allclose(got[0], _unoptimized(model)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_a_path_without_the_import_keeps_its_external_data(tmp_path, hcfuse_lib):
