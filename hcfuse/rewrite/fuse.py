@@ -14,6 +14,7 @@ from hcfuse.rewrite.hc_lowrank_mix import hc_lowrank_mix_rules, make_ruleset
 from hcfuse.rewrite.report import FusedBlock, FusionReport, Rejection
 from hcfuse.rewrite.session import CheckFailure, FusionSession
 from hcfuse.rewrite.shape_facts import ShapeFacts
+from hcfuse.rewrite.sort_order import sort_for_matching
 from hcfuse.rewrite.standard_onnx import canonicalize_standard_onnx
 from hcfuse.rewrite.values import remove_unused_constants
 
@@ -22,11 +23,13 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
     """Fuses every matching block of model in place; returns what was fused and what was left, and why.
 
     Registers the op's schema and the com.microsoft opset import; removes the constants and packed
-    weights the fused nodes no longer read; leaves the graph topologically sorted.
+    weights the fused nodes no longer read. Matches on topologically sorted graphs; a graph where
+    something fused comes out sorted, any other keeps the caller's node order (sort_order).
     """
     from hcfuse.shapes.schema import register_schema
 
     register_schema()
+    caller_order = sort_for_matching(model)
     # ORT GenAI's standard-ONNX expansions as contrib ops, only where the fusion below absorbs them
     standard = canonicalize_standard_onnx(model, trial=fuse_with_report, shapes=lambda m: ShapeFacts().dims)
     _name_anchors(model)
@@ -47,6 +50,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
         tracer.report()
         for item in report.rejected:
             print(f"hcfuse: {item.anchor}: {item.reason}", file=sys.stderr)
+    caller_order.restore()
     return report
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from hcfuse import _op
 from hcfuse.rewrite import FusionReport
-from tests.fusion.fuzz import run
+from tests.fusion.fuzz import bases, node_order, run
 from tests.fusion.fuzz.mutations import MUTATIONS
 
 # Findings still open in the pass (tests/fusion/fuzz_findings.md): (label prefix, finding status or None for any,
@@ -49,8 +49,14 @@ def test_fusion_fuzz(hcfuse_lib, fuzz_mutants, fuzz_seed):
     assert len(ran) >= 0.6 * fuzz_mutants, f"only {len(ran)} of {fuzz_mutants} mutants ran in onnxruntime"
     assert sum(o.fused for o in ran) >= 0.5 * sum(o.blocks for o in ran)
     if fuzz_mutants >= 300:
-        missing = set(MUTATIONS) - {k for o in ran for k in o.mutant.kinds}
+        missing = set(run.KINDS) - {k for o in ran for k in o.mutant.kinds}
         assert not missing, f"no mutant of kinds {sorted(missing)} ran"
+        # the shuffle meets every other kind but those that leave the main graph one node (function, If)
+        shuffled = {k for o in ran if node_order.KIND in o.mutant.kinds for k in o.mutant.kinds}
+        unshuffled = set(MUTATIONS) - shuffled - {"in_function", "in_if"}
+        assert not unshuffled, f"no shuffled mutant of kinds {sorted(unshuffled)} ran"
+        forms = set(bases.FORMS) - {o.mutant.base.form for o in ran}
+        assert not forms, f"no mutant of the base forms {sorted(forms)} ran"
 
 
 def test_mutants_are_reproducible():
@@ -106,11 +112,11 @@ def test_unmutated_bases_fuse_every_block(hcfuse_lib):
     assert full and all(o.fused == o.blocks and not o.rejections for o in full)
 
 
-@pytest.mark.parametrize("kind", sorted(MUTATIONS))
+@pytest.mark.parametrize("kind", sorted(run.KINDS))
 def test_every_mutation_kind_makes_runnable_mutants(hcfuse_lib, kind):
     """Each kind changes the model and yields mutants onnxruntime runs (else it would test nothing)."""
     options = run.session_options(hcfuse_lib)
-    others = tuple(k for k in MUTATIONS if k != kind)
+    others = tuple(k for k in run.KINDS if k != kind)
     outcomes = [run.check(run.make_mutant(2, i, exclude=others), options) for i in range(12)]
     assert any(kind in o.mutant.kinds and o.status != "discarded" for o in outcomes), \
         [(o.mutant.labels, o.status, o.detail) for o in outcomes]
@@ -143,3 +149,63 @@ def test_bfloat16_mutant_is_checked_through_its_float32_twin(hcfuse_lib, monkeyp
 
     monkeypatch.setattr(run, "_optimize", float32_only)
     assert run.check(mutant, options).status == "dtype_dependent"
+
+
+def test_the_shuffle_changes_nothing_but_the_node_order():
+    """A shuffled mutant is the same mutant unshuffled (its own generator), with the main graph's nodes
+    in another order; the checker copy sorts them back."""
+    shuffled = [m for m in (run.make_mutant(3, i) for i in range(12)) if m.unshuffled is not None]
+    assert shuffled
+    for mutant in shuffled:
+        plain = run.make_mutant(3, mutant.index, exclude=(node_order.KIND,))
+        assert mutant.labels[:-1] == plain.labels and mutant.labels[-1].startswith(node_order.KIND)
+        assert mutant.unshuffled.SerializeToString() == plain.model.SerializeToString()
+        assert node_order.node_order(mutant.model) != node_order.node_order(plain.model)
+        assert sorted(node_order.node_order(mutant.model)) == sorted(node_order.node_order(plain.model))
+        run.check_model(mutant.model)
+        with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+            run.check_model(mutant.model, sorted_nodes=True)
+
+
+def _shuffled_mutant(form: str) -> run.Mutant:
+    for index in range(200):
+        mutant = run.make_mutant(0, index, exclude=tuple(MUTATIONS))
+        if mutant.unshuffled is not None and mutant.base.form == form and mutant.twin is None:
+            return mutant
+    raise AssertionError(f"no shuffled {form} base in 200 mutants")
+
+
+@pytest.mark.parametrize("form", sorted(bases.FORMS))
+def test_shuffled_bases_fuse_every_block(hcfuse_lib, form):
+    outcome = run.check(_shuffled_mutant(form), run.session_options(hcfuse_lib))
+    assert outcome.status == "ok" and outcome.fused == outcome.blocks > 0, outcome.describe()
+
+
+def test_check_reports_a_pass_that_moves_nodes_without_fusing(hcfuse_lib, monkeypatch):
+    mutant = _shuffled_mutant(bases.CONTRIB)
+    optimize = run._optimize
+
+    def sorting_only(model):
+        work = ir.from_proto(model)
+        work.graph.sort()
+        return ir.to_proto(work), FusionReport()
+
+    monkeypatch.setattr(run, "_optimize", sorting_only)
+    outcome = run.check(mutant, run.session_options(hcfuse_lib))
+    assert outcome.status == "reordered", outcome.describe()
+    monkeypatch.setattr(run, "_optimize", optimize)
+
+
+def test_check_reports_a_pass_that_depends_on_the_node_order(hcfuse_lib, monkeypatch):
+    mutant = _shuffled_mutant(bases.CONTRIB)
+    optimize = run._optimize
+    sorted_order = node_order.node_order(mutant.unshuffled)
+
+    def sorted_models_only(model):
+        if node_order.node_order(model) != sorted_order:
+            return model, FusionReport()
+        return optimize(model)
+
+    monkeypatch.setattr(run, "_optimize", sorted_models_only)
+    outcome = run.check(mutant, run.session_options(hcfuse_lib))
+    assert outcome.status in ("order_dependent", "report_gap"), outcome.describe()

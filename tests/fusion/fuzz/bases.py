@@ -1,6 +1,10 @@
-"""Valid stock chains the fuzz mutates: 1-4 blocks of models/qwen_decode.py's builder at tiny sizes, in
-the separate and the packed (MatMul + Split) form, float or float16 (bfloat16: see run.py), with and
-without a prologue in front of block 0, and the locator of each block's nodes and values."""
+"""Valid chains the fuzz mutates: 1-4 blocks at tiny sizes, float or float16 (bfloat16: see run.py), and
+the locator of each block's nodes and values.
+
+Forms (random_form): the stock contrib-op chain of models/qwen_decode.py's builder (separate or packed
+MatMul + Split, with and without a prologue in front of block 0), or the same blocks as onnxruntime-genai's
+standard-ONNX expansion (models/genai_expansion.py). The block mutations act on the contrib-op form; the
+whole-model ones (shapes stripped, functions, If, names, a second chain, the node order) on every form."""
 
 from __future__ import annotations
 
@@ -10,9 +14,12 @@ import numpy as np
 import onnx_ir as ir
 
 from hcfuse import _op
+from hcfuse.models.genai_expansion import BATCH_SEQUENCE, PAGED, build_expansion_model
 from hcfuse.models.qwen_decode import make_decode_model
 
 DTYPES = (np.float32, np.float16)
+CONTRIB, GENAI_EXPANSION = "contrib", "genai_expansion"
+FORMS = {CONTRIB: 0.8, GENAI_EXPANSION: 0.2}  # form -> share of the mutants
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,10 +37,11 @@ class Base:
     options: dict  # the remaining make_decode_model options
     prologue_first: bool  # block 0 gets a prologue reading graph inputs
     opset: int = 21  # of the default domain (Split takes its sizes as an input from 13 on)
+    form: str = CONTRIB
 
     def describe(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
-        return (f"{self.num_blocks} blocks C={self.C} H={self.H} R={self.R} {np.dtype(self.dtype).name} "
+        return (f"{self.form} {self.num_blocks} blocks C={self.C} H={self.H} R={self.R} {np.dtype(self.dtype).name} "
                 f"{'packed' if self.packed else 'separate'} lead={self.leading_dims}->{self.lead} "
                 f"{'prologue-first ' if self.prologue_first else ''}opset {self.opset} {opts}")
 
@@ -72,7 +80,34 @@ def random_base(rng: np.random.Generator) -> Base:
     return Base(num_blocks, C, H, R, dtype, packed, leading, lead, options, prologue_first, opset)
 
 
+_EXPANSION_OPTIONS = ("epsilon", "sublayer", "final_mix", "num_weight_sets", "constants")
+
+
+def random_form(base: Base, rng: np.random.Generator) -> Base:
+    """base in a form drawn by FORMS (from its own generator: the contrib bases stay as they were). The
+    expansion keeps base's sizes, type and options it has (its constants are the builder's for C)."""
+    form = str(rng.choice(list(FORMS), p=list(FORMS.values())))
+    if form == CONTRIB:
+        return base
+    paged = bool(rng.random() < 0.5)
+    leading = PAGED if paged else BATCH_SEQUENCE
+    lead = tuple(int(rng.integers(1, 4)) for _ in leading)
+    options = {k: v for k, v in base.options.items() if k in _EXPANSION_OPTIONS}
+    C = base.C
+    # the builder's constants for C; with the final mix, as it writes it (every post-mix then has a next block)
+    options.update(gate_div=float(C), gate_mul=2.0, silu_alpha=1.0 / C, reduction_scale=1.0 / C, final_mix=True)
+    return dataclasses.replace(base, packed=True, leading_dims=leading, lead=lead, options=options,
+                               prologue_first=False, opset=max(base.opset, 18), form=form)
+
+
 def build(base: Base) -> ir.Model:
+    if base.form == GENAI_EXPANSION:
+        fixed = ("gate_div", "gate_mul", "silu_alpha", "reduction_scale")  # the builder's, from C
+        options = {k: v for k, v in base.options.items() if k not in fixed}
+        model = build_expansion_model(base.num_blocks, C=base.C, H=base.H, R=base.R, dtype=base.dtype,
+                                      paged=base.leading_dims == PAGED, **options)
+        model.opset_imports[""] = model.graph.opset_imports[""] = base.opset
+        return model
     proto = make_decode_model(base.num_blocks, C=base.C, H=base.H, R=base.R, dtype=base.dtype, packed=base.packed,
                               leading_dims=base.leading_dims, **base.options)
     model = ir.from_proto(proto)

@@ -5,6 +5,10 @@ that onnxruntime runs on the same feeds (overridable initializers fed with other
 defaults), and every output of the original agrees within hcfuse.checking.verification's ulp bound of T; a
 block the pass left unfused is fine (the reasons are counted). Anything else is a finding.
 
+Half the mutants also have their main graph's nodes shuffled (node_order, after every other mutation):
+such a mutant must fuse as the same mutant unshuffled does (same blocks, same reasons), and a model
+where nothing fused must come back in its own node order.
+
 bfloat16: onnxruntime's CPU provider has no bfloat16 MatMul/Sigmoid/Div/Mul, so the stock chain cannot
 run there and bfloat16 mutants are not part of the differential run (bases.DTYPES).
 
@@ -29,13 +33,16 @@ import onnxruntime as ort
 
 from hcfuse import _op
 from hcfuse.checking.verification import DEFAULT_MAX_ULP, ulp_gap
-from tests.fusion.fuzz.bases import Base, build, random_base
+from tests.fusion.fuzz.bases import CONTRIB, Base, build, random_base, random_form
+from tests.fusion.fuzz import node_order
 from tests.fusion.fuzz.mutations import MUTATIONS, Context
 
 # mutations per mutant: mostly one, some none (the valid base: every block must fuse), some several
 _MUTATION_COUNTS = (0, 1, 1, 1, 1, 2, 2, 3)
 # finding kinds (Outcome.status other than "ok" / "discarded")
-FINDINGS = ("raised", "invalid_model", "ort_error", "mismatch", "missed_base", "report_gap", "dtype_dependent")
+FINDINGS = ("raised", "invalid_model", "ort_error", "mismatch", "missed_base", "report_gap", "dtype_dependent",
+            "reordered", "order_dependent")
+KINDS = (*MUTATIONS, node_order.KIND)  # what exclude and --only name
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 BFLOAT16_SHARE = 0.1
 
@@ -51,10 +58,16 @@ class Mutant:
     input_shapes: dict  # name -> concrete shape of the base's graph inputs (a mutation may drop a shape)
     weight_inputs: frozenset  # the base's weights fed as graph inputs
     twin: Mutant | None = None  # a bfloat16 mutant's float32 twin
+    unshuffled: onnx.ModelProto | None = None  # a shuffled mutant before its shuffle
 
     @property
     def kinds(self) -> list[str]:
         return [label.split(":", 1)[0] for label in self.labels] or ["none"]
+
+    @property
+    def mutated(self) -> bool:
+        """Whether a mutation changed what the model computes or how (a shuffle changes neither)."""
+        return any(not label.startswith(node_order.KIND) for label in self.labels)
 
     def describe(self) -> str:
         return f"seed {self.seed} index {self.index}: {self.base.describe()}; mutations {self.labels or ['none']}"
@@ -74,12 +87,13 @@ class Outcome:
 
 
 def make_mutant(seed: int, index: int, exclude: tuple = (), dtype=None) -> Mutant:
-    """Mutant `index` of `seed` (the same model every time); exclude: mutation kinds never applied.
+    """Mutant `index` of `seed` (the same model every time); exclude: mutation kinds never applied
+    (node_order.KIND among them: never shuffled).
 
     BFLOAT16_SHARE of the mutants are bfloat16, with a float32 twin: the same mutant in float32 (the
     mutations draw the same random numbers whatever the type)."""
     rng = np.random.default_rng([seed, index])
-    base = random_base(rng)
+    base = random_form(random_base(rng), np.random.default_rng([seed, index, 5]))
     twin = None
     if dtype is None and np.random.default_rng([seed, index, 3]).random() < BFLOAT16_SHARE:
         twin, dtype = make_mutant(seed, index, exclude, dtype=np.float32), BFLOAT16
@@ -107,7 +121,14 @@ def make_mutant(seed: int, index: int, exclude: tuple = (), dtype=None) -> Mutan
     proto = ir.to_proto(model)
     for fn, args in ctx.late:
         fn(proto, *args)
-    return Mutant(seed, index, base, labels, proto, ctx.feeds, shapes, weights, twin)
+    unshuffled = None
+    order_rng = np.random.default_rng([seed, index, 4])  # its own: the other mutations stay as they were
+    if node_order.KIND not in exclude and order_rng.random() < node_order.SHARE:
+        unshuffled = onnx.ModelProto()
+        unshuffled.CopyFrom(proto)
+        label = node_order.shuffle_order(proto, order_rng)
+        labels, unshuffled = (labels + [label], unshuffled) if label else (labels, None)
+    return Mutant(seed, index, base, labels, proto, ctx.feeds, shapes, weights, twin, unshuffled)
 
 
 def _feeds(mutant: Mutant, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -163,12 +184,45 @@ def _run(model: onnx.ModelProto, feeds: dict, options: ort.SessionOptions) -> di
     return dict(zip(names, session.run(None, feeds)))
 
 
+_NORMS = {_op.BRANCH_NORM, "SimplifiedLayerNormalization"}  # one a block: contrib form, GenAI's expansion
+
+
+def check_model(model: onnx.ModelProto, *, sorted_nodes: bool = False) -> None:
+    """onnx.checker on what onnxruntime runs: a main graph in any node order (onnxruntime sorts it;
+    sorted_nodes demands it sorted) and onnxruntime's own ops in the default domain
+    (SimplifiedLayerNormalization), which ONNX does not know, checked as custom ops."""
+    if not sorted_nodes:
+        model = node_order.in_checker_order(model)
+    ort_only = [n for g in _graphs(model) for n in g.node if n.domain in ("", "ai.onnx")
+                and not onnx.defs.has(n.op_type)]
+    if ort_only:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        for node in (n for g in _graphs(copy) for n in g.node if n.domain in ("", "ai.onnx")):
+            if not onnx.defs.has(node.op_type):
+                node.domain = _op.DOMAIN
+        model = copy
+    onnx.checker.check_model(model)
+
+
+def _graphs(model: onnx.ModelProto) -> list:
+    """The main graph, the functions and every subgraph of either (anything with a .node list)."""
+    out, todo = [], [model.graph, *model.functions]
+    while todo:
+        graph = todo.pop()
+        out.append(graph)
+        for node in graph.node:
+            for attr in node.attribute:
+                todo += [*([attr.g] if attr.HasField("g") else []), *attr.graphs]
+    return out
+
+
 def count_blocks(model: onnx.ModelProto) -> int:
-    """BranchwiseRMSNorm nodes in the graph, its subgraphs and the model-local functions."""
+    """Block norms in the graph, its subgraphs and the model-local functions."""
     def in_nodes(nodes) -> int:
         count = 0
         for node in nodes:
-            count += node.op_type == _op.BRANCH_NORM
+            count += node.op_type in _NORMS
             for attr in node.attribute:
                 count += sum(in_nodes(g.node) for g in [*([attr.g] if attr.HasField("g") else []), *attr.graphs])
         return count
@@ -181,7 +235,7 @@ def check(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
     if mutant.twin is not None:
         return _check_bfloat16(mutant, options)
     try:
-        onnx.checker.check_model(mutant.model)
+        check_model(mutant.model)
         feeds = _feeds(mutant, np.random.default_rng([mutant.seed, mutant.index, 1]))
         expected = _run(mutant.model, feeds, options)
     except Exception as e:  # noqa: BLE001 - whatever makes the mutant unrunnable discards it
@@ -192,10 +246,9 @@ def check(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
     except Exception as e:  # noqa: BLE001 - the pass must never raise on a model onnxruntime runs
         return Outcome(mutant, "raised", _first_line(e), blocks)
     out = Outcome(mutant, "ok", "", blocks, len(report.fused), [item.reason for item in report.rejected])
-    try:
-        onnx.checker.check_model(optimized)
-    except Exception as e:  # noqa: BLE001
-        return dataclasses.replace(out, status="invalid_model", detail=_first_line(e))
+    problem = _structure_problem(mutant, optimized, out)
+    if problem:
+        return problem
     lost = [name for name in feeds if name not in {v.name for v in optimized.graph.input}]
     if lost:
         return dataclasses.replace(out, status="invalid_model", detail=f"graph inputs {lost} are gone")
@@ -216,11 +269,15 @@ def check(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
             diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
             return dataclasses.replace(out, status="mismatch", detail=f"output {name!r}: {gap:g} ulp > {bound:g} "
                                                                       f"(max abs diff {diff:.3g}); fused {out.fused}")
-    if not mutant.labels and out.fused != blocks and not _packed_weight_inputs(mutant.base):
+    if not mutant.mutated and out.fused != blocks and not _packed_weight_inputs(mutant.base):
         return dataclasses.replace(out, status="missed_base", detail=f"unmutated base: {out.fused} of {blocks} "
                                                                      f"blocks fused; {out.rejections}")
     left = [r for r in out.rejections if " not fused: " not in r]  # "prologue not fused: ...": a fused block
-    if len(left) != blocks - out.fused:
+    if mutant.base.form != CONTRIB:  # a block in standard ONNX is several candidates, each with its reason
+        if out.fused < blocks and not left:
+            return dataclasses.replace(out, status="report_gap", detail=f"{blocks - out.fused} of {blocks} blocks "
+                                                                        f"left unfused without a reason")
+    elif len(left) != blocks - out.fused:
         return dataclasses.replace(out, status="report_gap", detail=f"{blocks - out.fused} of {blocks} blocks left "
                                                                     f"unfused, {len(left)} rejections: {left}")
     return out
@@ -235,7 +292,7 @@ def _check_bfloat16(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
         detail = twin.detail if twin.status == "discarded" else f"float32 twin: {twin.detail}"
         return dataclasses.replace(twin, mutant=mutant, detail=detail)
     try:
-        onnx.checker.check_model(mutant.model)
+        check_model(mutant.model)
     except Exception as e:  # noqa: BLE001
         return Outcome(mutant, "discarded", _first_line(e))
     blocks = count_blocks(mutant.model)
@@ -245,15 +302,37 @@ def _check_bfloat16(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
         return Outcome(mutant, "raised", _first_line(e), blocks)
     out = Outcome(mutant, "ok", "bfloat16: the pass only", blocks, len(report.fused),
                   [item.reason for item in report.rejected])
-    try:
-        onnx.checker.check_model(optimized)
-    except Exception as e:  # noqa: BLE001
-        return dataclasses.replace(out, status="invalid_model", detail=_first_line(e))
+    problem = _structure_problem(mutant, optimized, out)
+    if problem:
+        return problem
     decisions = (out.fused, sorted(map(reason_class, out.rejections)))
     if mutant.labels == mutant.twin.labels and decisions != (twin.fused, sorted(map(reason_class, twin.rejections))):
         return dataclasses.replace(out, status="dtype_dependent", detail=f"bfloat16 {decisions}, float32 twin "
                                                                          f"{(twin.fused, twin.rejections)}")
     return out
+
+
+def _structure_problem(mutant: Mutant, optimized: onnx.ModelProto, out: Outcome) -> Outcome | None:
+    """A finding about the optimized model as a model: onnx.checker refuses it (sorted nodes demanded
+    where a block fused; the caller's order, checked sorted, where none did), nothing fused but the nodes
+    moved, or a shuffled mutant fused otherwise than the same mutant unshuffled."""
+    if not out.fused and node_order.node_order(optimized) != node_order.node_order(mutant.model):
+        return dataclasses.replace(out, status="reordered", detail="nothing fused, but the nodes are not in the "
+                                                                   "input's order")
+    try:
+        check_model(optimized, sorted_nodes=bool(out.fused))
+    except Exception as e:  # noqa: BLE001
+        return dataclasses.replace(out, status="invalid_model", detail=_first_line(e))
+    if mutant.unshuffled is not None:
+        try:
+            _, report = _optimize(mutant.unshuffled)
+        except Exception as e:  # noqa: BLE001
+            return dataclasses.replace(out, status="order_dependent", detail=f"unshuffled: {_first_line(e)}")
+        sorted_decisions = (len(report.fused), sorted(reason_class(item.reason) for item in report.rejected))
+        if sorted_decisions != (out.fused, sorted(map(reason_class, out.rejections))):
+            return dataclasses.replace(out, status="order_dependent", detail=f"shuffled {out.fused} fused "
+                                       f"{out.rejections}; unshuffled {sorted_decisions}")
+    return None
 
 
 def _packed_weight_inputs(base: Base) -> bool:
@@ -268,9 +347,10 @@ def _optimize(model: onnx.ModelProto):
 
 
 def reason_class(reason: str) -> str:
-    """A rejection reason without its node/value names and numbers: what the summary counts."""
+    """A rejection reason without its node/value names, numbers and element types: what the summary counts."""
     text = re.sub(r"'[^']*'", "'…'", reason)
     text = re.sub(r"\(at [^)]*\)", "", text)
+    text = re.sub(r"\b(BFLOAT16|FLOAT16|FLOAT)\b", "T", text)  # the element type a message names
     text = re.sub(r"\b\d+(\.\d+)?(e-?\d+)?\b", "N", text)
     return text.strip()[:110]
 
@@ -343,7 +423,7 @@ def main(argv=None) -> int:
     p.add_argument("--index", type=int, default=None, help="check only this mutant and describe it")
     p.add_argument("--save", default=None, help="with --index: write the mutant (and its fused form) here")
     a = p.parse_args(argv)
-    exclude = tuple(k for k in MUTATIONS if k in a.exclude.split(",") or a.only and k not in a.only.split(","))
+    exclude = tuple(k for k in KINDS if k in a.exclude.split(",") or a.only and k not in a.only.split(","))
     library = hcfuse.get_library_path()
     if a.index is None:
         summary = run_fuzz(a.count, a.seed, library, exclude=exclude)
