@@ -25,6 +25,16 @@ a large numpy array (512 MiB, bytes copied per second; one numpy copy per thread
     python3 bench/bench_cpu.py --rows 1 4 --threads 1 --dtypes bfloat16 --out /tmp/cpu.md
     python3 bench/bench_cpu.py --library /tmp/old/libhcfuse_ops.so --out /tmp/old.md   # another build
     python3 bench/bench_cpu.py --threads 2 --no-spinning     # pool threads sleep between runs
+
+Quantized blocks (the int4 table, float32 and float16; --no-quantized skips it): one block as
+onnxruntime-genai's int4 builds quantize it (hcfuse.unfuse of the node, then MatMulNBitsQuantizer with
+4 bits, block 32, symmetric, accuracy_level 4: every projection a MatMulNBits) against hcfuse.optimize of
+that (one ai.hcfuse::HyperConnectionLowRankMixNBits node reading the same bytes) and against the fused
+dense node of the same weights, the three taking turns in one run, weights hot; each floor is that
+variant's weight bytes over the copy bandwidth. onnxruntime's MatMulNBits at accuracy_level 4 multiplies
+int8-quantized activations by the int4 weights (VNNI), where the fused op keeps the dense op's fp32
+products of the exactly dequantized weights. On a shared 2-core machine every figure moves with the
+other tenants' load: compare within a row, and rerun.
 """
 
 from __future__ import annotations
@@ -47,7 +57,9 @@ import hcfuse  # noqa: E402
 from hcfuse._op import DOMAIN, OP_TYPE, QWEN_ATTRIBUTES, QWEN_SHAPE  # noqa: E402
 from hcfuse.checking._ort_io import from_ort_value, to_ort_value  # noqa: E402
 from hcfuse.checking._session import inference_session  # noqa: E402
+from hcfuse import _op_nbits  # noqa: E402
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
+from hcfuse.models.quantized import quantize_model  # noqa: E402
 from hcfuse.models.qwen_decode import make_decode_model  # noqa: E402
 
 C, H, R = QWEN_SHAPE["C"], QWEN_SHAPE["H"], QWEN_SHAPE["R"]
@@ -61,6 +73,23 @@ def weight_bytes(itemsize: int) -> int:
     """Bytes of one block's weights: down, up, inject, norm scale."""
     K = C * H
     return (2 * K * R + K * C + K) * itemsize
+
+
+# the int4 table's quantization: onnxruntime-genai's int4 builds (MatMulNBitsQuantizer's arguments)
+INT4 = {"bits": 4, "block_size": 32, "symmetric": True, "accuracy_level": 4}
+INT4_DTYPES = ("float32", "float16")  # ORT's CPU MatMulNBits takes no bfloat16 activations
+
+
+def int4_weight_bytes(itemsize: int) -> int:
+    """Bytes of one block's int4 weights: B and scales of down+inject (N = R+C) and up (N = C*H), norm scale."""
+    bits, bs = INT4["bits"], INT4["block_size"]
+    K = C * H
+
+    def projection(k: int, n: int) -> int:
+        blocks = _op_nbits.k_blocks(k, bs)
+        return n * blocks * (_op_nbits.blob_size(bits, bs) + itemsize)
+
+    return projection(K, R + C) + projection(R, K) + K * itemsize
 
 
 def copy_bandwidth(threads: int, reps: int = 5) -> float:
@@ -153,6 +182,60 @@ def build_models(dtype, chain_blocks: int, rng, kinds=("fused", "stock")) -> dic
     return {k: v for k, v in models.items() if k.split()[0] in kinds}
 
 
+def build_int4_models(dtype, rng) -> dict[str, bytes]:
+    """variant -> serialized model of one block with a prologue: "fused int4" (hcfuse.optimize of the
+    quantized stock node: one HyperConnectionLowRankMixNBits), "stock int4" (the quantized stock node),
+    "fused dense" (the dense node of the same weights)."""
+    w = random_weights(C, H, R, dtype, rng)
+    node = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, leading_dims=["rows"], prologue=True, streams_out=True,
+                                 weights_as_inputs=False, weights=w, **QWEN_ATTRIBUTES)
+    stock = quantize_model(hcfuse.unfuse(node), bits=INT4["bits"], block_size=INT4["block_size"],
+                           symmetric=INT4["symmetric"], accuracy_level=INT4["accuracy_level"])
+    fused = hcfuse.optimize(stock)
+    if count_ops(fused, _op_nbits.OP_TYPE, _op_nbits.DOMAIN) != 1 or len(fused.graph.node) != 1:
+        raise RuntimeError(f"bench_cpu: hcfuse.optimize left the int4 block as {[n.op_type for n in fused.graph.node]}")
+    return {"fused int4": fused.SerializeToString(), "stock int4": stock.SerializeToString(),
+            "fused dense": node.SerializeToString()}
+
+
+def run_int4(session, args, threads: list[int], bandwidth: dict, t_start: float) -> list[dict]:
+    """The int4 table's measurements: dicts of dtype, threads, rows and ms per variant."""
+    results = []
+    for dt in [d for d in args.dtypes if d in INT4_DTYPES]:
+        dtype = DTYPES[dt]
+        models = build_int4_models(dtype, np.random.default_rng(2026))
+        for t in threads:
+            sessions = {name: session(data, t) for name, data in models.items()}
+            line = []
+            for rows in args.rows:
+                feeds = feeds_for("node", rows, dtype, np.random.default_rng(rows))
+                times = time_pair_ms([(sess, feeds) for sess in sessions.values()], args.budget_s, args.min_reps,
+                                     args.max_reps)
+                results.append({"dtype": dt, "threads": t, "rows": rows, **dict(zip(sessions, times)),
+                                "floor int4": int4_weight_bytes(np.dtype(dtype).itemsize) / bandwidth[t] * 1e3,
+                                "floor dense": weight_bytes(np.dtype(dtype).itemsize) / bandwidth[t] * 1e3})
+                line.append(f"{rows}:" + "/".join(f"{ms:.3f}" for ms in times))
+            del sessions
+            print(f"{dt} int4  threads={t} fused int4/stock int4/fused dense ms per block: {' '.join(line)} "
+                  f"({time.perf_counter() - t_start:.0f} s)", flush=True)
+    return results
+
+
+def int4_table(results: list[dict]) -> list[str]:
+    lines = ["", "## Quantized blocks (int4, block 32, symmetric, accuracy_level 4)", "",
+             "ms per block, one block with weights hot; stock int4 = the block's chain with its projections as "
+             "MatMulNBits (as onnxruntime-genai's int4 builds write it); fused int4 = hcfuse.optimize of it (one "
+             "HyperConnectionLowRankMixNBits reading the same bytes); fused dense = the dense op on the unquantized "
+             "weights; floors = weight bytes / copy bandwidth.", "",
+             "| dtype | threads | rows | fused int4 | stock int4 | ratio | fused dense | int4 / dense | floor int4 | "
+             "floor dense |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['dtype']} | {r['threads']} | {r['rows']} | {r['fused int4']:.3f} | {r['stock int4']:.3f} | "
+                     f"{r['fused int4'] / r['stock int4']:.2f} | {r['fused dense']:.3f} | "
+                     f"{r['fused int4'] / r['fused dense']:.2f} | {r['floor int4']:.3f} | {r['floor dense']:.3f} |")
+    return lines
+
+
 def feeds_for(kind: str, rows: int, dtype, rng) -> dict:
     if kind == "node":
         return random_activations((rows,), C, H, dtype, rng, prologue=True)
@@ -181,6 +264,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-reps", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "cpu.md")
     ap.add_argument("--library", help="custom-op library to register instead of hcfuse's (to compare builds)")
+    ap.add_argument("--no-quantized", action="store_true", help="skip the int4 table")
+    ap.add_argument("--no-dense", action="store_true", help="skip the dense table (node and chain)")
     ap.add_argument("--no-spinning", action="store_true",
                     help="session.intra_op.allow_spinning=0 for both sessions (their pools sleep between runs)")
     args = ap.parse_args(argv)
@@ -196,7 +281,7 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(2026)
     results = []  # dicts: dtype, stock_dtype, threads, rows, kind, fused, stock, floor
-    for dt in args.dtypes:
+    for dt in [] if args.no_dense else args.dtypes:
         dtype, stock_dt = DTYPES[dt], STOCK_STAND_IN.get(dt, dt)
         itemsize = np.dtype(dtype).itemsize
         blocks = max(1, int(np.ceil(args.chain_mb * 1e6 / weight_bytes(itemsize))))
@@ -228,11 +313,13 @@ def main(argv=None) -> int:
         check_chain(session, models["fused chain"][0], models["stock chain"][0], dtype, DTYPES[stock_dt], rng)
         del models
 
+    int4 = [] if args.no_quantized else run_int4(session, args, threads, bandwidth, t_start)
+
     lib = f"library {args.library}" if args.library else f"hcfuse {git_label()}"
     meta = (f"onnxruntime {ort.__version__}, {cores} cores, {lib}{'' if session.spinning else ', pool spinning off'}; "
             "copy bandwidth " +
             ", ".join(f"{b / 1e9:.1f} GB/s ({t} thread{'s' if t > 1 else ''})" for t, b in bandwidth.items()))
-    write_table(results, args.out, meta, args)
+    write_table(results, int4, args.out, meta, args)
     print(f"bench_cpu: {time.perf_counter() - t_start:.0f} s")
     return 0
 
@@ -257,7 +344,7 @@ def check_chain(session: Sessions, fused_model: bytes, stock_model: bytes, dtype
                            f"{np.dtype(stock_dtype).name}: max gap {gap:.3g} relative to the largest output)")
 
 
-def write_table(results: list[dict], out: Path, meta: str, args) -> None:
+def write_table(results: list[dict], int4: list[dict], out: Path, meta: str, args) -> None:
     lines = [f"# HyperConnectionLowRankMix on onnxruntime CPU ({meta})", "",
              f"ms per block, median over repetitions (at least {args.min_reps}, about {args.budget_s:g} s each); "
              "node: one block, weights hot in cache; chain: decode graph with distinct weights per block "
@@ -274,6 +361,8 @@ def write_table(results: list[dict], out: Path, meta: str, args) -> None:
         lines.append(f"| {dt} | {t} | {rows} | {node['fused']:.3f} | {node['stock']:.3f}{stock} | "
                      f"{node['fused'] / node['stock']:.2f} | {chain['fused']:.3f} | {chain['stock']:.3f}{stock} | "
                      f"{chain['fused'] / chain['stock']:.2f} | {node['floor']:.3f} |")
+    if int4:
+        lines += int4_table(int4)
     text = "\n".join(lines) + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
