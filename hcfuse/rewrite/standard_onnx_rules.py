@@ -65,6 +65,9 @@ class _UncheckedRemoval(SimplePatternMatcher):
         return super().match(model, graph_or_function, node, verbose=verbose, remove_nodes=False, tracer=tracer)
 
 
+NOT_A_CANDIDATE = "the nodes only look like the pattern"  # prove's answer for what is no candidate at all
+
+
 def _reshape_allows_zero(node: ir.Node) -> bool:
     return attr(node, "allowzero", 0) != 0
 
@@ -109,6 +112,8 @@ class _ExpansionRule(RewriteRuleClassBase):
             facts = self.prove(context, b)
         except UnresolvedAttribute as e:
             facts = str(e)
+        if facts is NOT_A_CANDIDATE:  # nothing to report
+            return MatchResult().fail(facts)
         reason = facts if isinstance(facts, str) else outside_use(context.nodes, context.output_values)
         if reason:
             group = self.group_name(root) or f"<unnamed {root.op_type} node {key}>"
@@ -166,10 +171,13 @@ def _grouping(reshape_to: ir.Value, x: ir.Value, what: str, dims: Callable):
 
 
 def _flattening(reshape_to: ir.Value, leading: tuple, width: int, what: str) -> str | None:
+    """None when Reshape(x, reshape_to) of x (*leading, ..., width in all) gives (*leading, width): the last
+    entry width, or -1 (then inferred as width) behind leading dims kept without a -1."""
     target = int_list(reshape_to)
     if target is None:
         return f"the Reshape target of {what} ({describe(reshape_to)}) is not a true int64 constant"
-    if len(target) != len(leading) + 1 or target[-1] != width or not keeps_leading(target[:-1], leading):
+    last_ok = target[-1:] == [width] or (target[-1:] == [-1] and -1 not in target[:-1])
+    if len(target) != len(leading) + 1 or not last_ok or not keeps_leading(target[:-1], leading):
         return f"the Reshape of {what} must give (..., {width}) keeping the leading dims {leading}; got target {target}"
     return None
 
@@ -261,15 +269,24 @@ class PreMixExpansion(_ExpansionRule):
         self._axes_input = axes_input
 
     def pattern(self, op, hn, g, hn_to, g_to, axes):
+        return self.mean(op, self.products(op, hn, g, hn_to, g_to), axes)
+
+    def products(self, op, hn, g, hn_to, g_to):
         a = op.Reshape(hn, hn_to, _allow_other_attributes=True, _outputs=["a"])
         b = op.Reshape(g, g_to, _allow_other_attributes=True, _outputs=["b"])
-        weighted = op.Mul(a, b)
+        return op.Mul(a, b)
+
+    def mean(self, op, weighted, axes):
         if self._axes_input:
-            return op.ReduceMean(weighted, axes, _allow_other_attributes=True)
-        return op.ReduceMean(weighted, _allow_other_attributes=True)
+            return op.ReduceMean(weighted, axes, _allow_other_attributes=True, _outputs=["mean"])
+        return op.ReduceMean(weighted, _allow_other_attributes=True, _outputs=["mean"])
 
     def prove(self, context, b):
         dims = self._rec.dims
+        if b["a"] is b["b"]:  # Mul(x, x) of one Reshape: a square (mobius's norm), no pre-mix
+            return NOT_A_CANDIDATE
+        if _is_sigmoid(b["hn"]) and not _is_sigmoid(b["g"]):  # Mul(gate, hn): the gate is the Sigmoid's
+            b["hn"], b["g"], b["hn_to"], b["g_to"] = b["g"], b["hn"], b["g_to"], b["hn_to"]
         hn_grouping = _grouping(b["hn_to"], b["hn"], "hn", dims)
         if isinstance(hn_grouping, str):
             return hn_grouping
@@ -282,7 +299,7 @@ class PreMixExpansion(_ExpansionRule):
                     f"provably the same shape (HyperConnectionPreMix does not broadcast)")
         if any(_reshape_allows_zero(v.producer()) for v in (b["a"], b["b"])):
             return "a Reshape has allowzero=1 (a 0 is then a size, not a copy)"
-        mean = context.root
+        mean = b["mean"].producer()
         rank = len(leading) + 2
         if _single_axis(mean, b.get("axes") if self._axes_input else None, rank) != rank - 2:
             return f"ReduceMean {mean.name!r} must average the branch axis only (axes=[-2])"
@@ -292,11 +309,16 @@ class PreMixExpansion(_ExpansionRule):
         if isinstance(T, str):
             return T
         constants = [b["hn_to"], b["g_to"], b.get("axes") if self._axes_input else None]
-        return {"group": mean.name, "C": C, "constants": constants}
+        return {"group": mean.name, "C": C, "constants": constants, "hn": b["hn"], "g": b["g"]}
 
     def build(self, op, name, b, facts):
         C = facts["C"]
-        return self.emit(op, name, b["hn"], b["g"], num_branches=C, reduction_scale=1.0 / C)
+        return self.emit(op, name, facts["hn"], facts["g"], num_branches=C, reduction_scale=1.0 / C)
+
+
+def _is_sigmoid(value: ir.Value) -> bool:
+    producer = value.producer()
+    return producer is not None and producer.op_type == "Sigmoid" and producer.domain in ("", "ai.onnx")
 
 
 class PostMixExpansion(_ExpansionRule):
@@ -343,12 +365,16 @@ class PostMixExpansion(_ExpansionRule):
 
 
 def make_ruleset(recorder: _Recorder) -> RewriteRuleSet:
-    """The four expansion rules (both ReduceMean forms), bound to one call's recorder."""
+    """The four expansion rules (both ReduceMean forms) and mobius's forms (hcfuse.rewrite.mobius_rules),
+    bound to one call's recorder."""
+    from hcfuse.rewrite.mobius_rules import mobius_rules
+
     rules = [
         BranchwiseRMSNormExpansion.rule(recorder, "StandardOnnxBranchwiseRMSNorm"),
         ScaledSiLUExpansion.rule(recorder, "StandardOnnxScaledSiLU"),
         PreMixExpansion.rule(recorder, "StandardOnnxPreMix", axes_input=True),
         PreMixExpansion.rule(recorder, "StandardOnnxPreMixAxesAttribute", axes_input=False),
         PostMixExpansion.rule(recorder, "StandardOnnxPostMix"),
+        *mobius_rules(recorder),
     ]
     return RewriteRuleSet(rules, commute=True)
