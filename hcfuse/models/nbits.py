@@ -61,7 +61,8 @@ def quantize_nbits(weight: np.ndarray, bits: int = 4, block_size: int = 32, symm
     bfloat16 = dtype == ml_dtypes.bfloat16
     # the quantizer widens a bfloat16 weight to float32 and narrows its scales back (its quantize_matmul)
     config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=symmetric, bits=bits)
-    B, scales, zp = DefaultWeightOnlyQuantizer(config).qbits_block_quant(weight.astype(np.float32) if bfloat16 else weight)
+    quantizer = DefaultWeightOnlyQuantizer(config)
+    B, scales, zp = quantizer.qbits_block_quant(weight.astype(np.float32) if bfloat16 else weight)
     scales = scales.astype(dtype)
     K, N = weight.shape
     if zp_form is None:

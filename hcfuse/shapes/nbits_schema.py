@@ -162,7 +162,8 @@ def _projection_form(proj, present: list[int], types: dict[int, int], where: str
         extra = [INPUTS[i] for i in (proj.scales, proj.zero_points) if i in present]
         if extra:
             raise InferenceError(f"{where}: {', '.join(extra)} given but {weight} is dense "
-                                 f"({TensorProto.DataType.Name(t)}); scales and zero points go only with a uint8 {weight}")
+                                 f"({TensorProto.DataType.Name(t)}); scales and zero points go only with a uint8 "
+                                 f"{weight}")
     if quantized and not has_scales:
         raise InferenceError(f"{where}: {weight} is uint8 (quantized) but {INPUTS[proj.scales]} is missing; "
                              f"a quantized weight needs its scales")
@@ -261,7 +262,8 @@ def infer_dims(where: str, get_attribute, num_inputs: int, num_outputs: int, typ
     forms = {proj: _projection_form(proj, present, types, where) for proj in PROJECTIONS}
     if all(form is False for form in forms.values()):
         raise InferenceError(f"{where}: down_inject_weight and up_weight are both dense; at least one must be "
-                             f"quantized (uint8), a block with both dense is com.microsoft::HyperConnectionLowRankMix's")
+                             f"quantized (uint8), a block with both dense is "
+                             f"com.microsoft::HyperConnectionLowRankMix's")
 
     facts = _NBitsFacts(where, bits, block_size)
     facts.agree("C", c, "num_branches")

@@ -254,8 +254,9 @@ def test_strict_inference_rejects_a_model_with_wrong_attributes():
     model = _model(block_size=16)
     attr = next(a for a in model.graph.node[0].attribute if a.name == "block_size")
     attr.i = 32  # the initializers were quantized with 16
-    with pytest.raises(InferenceError, match=rf"{OP_TYPE} \(.*\(hc_lowrank_mix_nbits\)\): down_inject_weight\[2\] = 8 but "
-                                             r"blob_size = block_size \* bits / 8 = 32 \* 4 / 8 = 16"):
+    with pytest.raises(InferenceError, match=rf"{OP_TYPE} \(.*\(hc_lowrank_mix_nbits\)\): "
+                                             r"down_inject_weight\[2\] = 8 but blob_size = block_size \* bits / 8 = "
+                                             r"32 \* 4 / 8 = 16"):
         _strict(model)
     with pytest.raises(InferenceError, match="blob_size"):
         onnx.checker.check_model(model, full_check=True)

@@ -4,7 +4,9 @@ reference.
 - quantize_nbits writes what MatMulNBitsQuantizer writes into a quantized model (bytes, shapes, types).
 - dequantize is MatMulNBits' weight: a CPU session's MatMulNBits (accuracy_level 0, float32 A) fed the identity
   returns its dequantized weight, every product 1 * w or 0 * w and every sum exact, so the two must be
-  bitwise equal (but for the sign of a zero weight: the sum 0 + -0 is +0, so -0 is compared as +0). B, scales and zero points are random bytes and values (every nibble, padding included).
+  bitwise equal (but for the sign of a zero weight: the sum 0 + -0 is +0, so -0 is compared as +0). B, scales
+  and zero points are random bytes and values (every nibble, padding included). With zero points of T it
+  computes the weight differently (see the test).
 - the quantized op's reference is the dense reference run on the dequantized weights: with weights that T holds
   exactly (power-of-two scales), the dense reference fed them as T weights gives the same bits at every step.
 """
@@ -21,7 +23,13 @@ from hcfuse import _op_nbits, reference
 from hcfuse._op import IR_VERSION, ONNX_OPSET
 from hcfuse.checking._session import CPU, inference_session
 from hcfuse.models.nbits import quantize_nbits
-from hcfuse.reference_nbits import dequantize, hc_lowrank_mix_nbits, hc_lowrank_mix_nbits_steps, unpack_nbits
+from hcfuse.reference_nbits import (
+    dequantize,
+    hc_lowrank_mix_nbits,
+    hc_lowrank_mix_nbits_steps,
+    unpack_nbits,
+    unpack_zero_points,
+)
 from tests._compare import assert_bitwise_equal
 
 MS = "com.microsoft"
@@ -338,3 +346,34 @@ def test_reference_rejects_bad_forms(rng):
         hc_lowrank_mix_nbits(**inputs, num_branches=C, block_size=8)
     with pytest.raises(ValueError, match="num_branches must be a positive integer"):
         hc_lowrank_mix_nbits(**inputs, num_branches=0, block_size=16)
+
+
+# ---- the numerics docs/QUANTIZED.md states ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), BF16], ids=lambda d: d.name)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zp_form", [None, "packed", "T"])
+def test_weight_is_exact_with_16_bit_scales_and_integer_zero_points(rng, dtype, bits, zp_form):
+    q = quantize_nbits(rng.standard_normal((96, 16)).astype(dtype), bits, 32, zp_form is None, zp_form)
+    w = dequantize(q.B, q.scales, q.zero_points, bits, 32, 96)
+    zp = q.zero_points
+    if zp is None:
+        zp = np.full(q.scales.shape, 1 << (bits - 1))
+    elif zp.dtype == np.uint8:
+        zp = unpack_zero_points(zp, bits, q.scales.shape[1])
+    block = np.arange(96) // 32
+    exact = (unpack_nbits(q.B, bits, 32, 96) - zp.astype(np.float64).T[block]) * q.scales.astype(np.float64).T[block]
+    np.testing.assert_array_equal(w.astype(np.float64), exact)
+
+
+@pytest.mark.parametrize("dtype,exact", [(BF16, True), (np.dtype(np.float16), False), (np.dtype(np.float32), False)],
+                         ids=["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_which_products_are_exact_in_fp32(rng, dtype, exact, bits):
+    """bfloat16 activations times weights of bfloat16 scales and integer zero points fit fp32's 24 bits; float16
+    and float32 ones do not (so fused multiply-adds change their bits)."""
+    q = quantize_nbits(rng.standard_normal((256, 64)).astype(dtype), bits, 32, symmetric=False)
+    w = dequantize(q.B, q.scales, q.zero_points, bits, 32, 256).astype(np.float64)
+    a = rng.standard_normal((256, 64)).astype(dtype).astype(np.float64)
+    assert bool(((a * w).astype(np.float32) == a * w).all()) is exact
