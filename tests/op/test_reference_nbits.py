@@ -170,7 +170,7 @@ def _assert_same_array(got: np.ndarray, expected: np.ndarray, what: str) -> None
     assert got.tobytes() == expected.tobytes(), f"{what}: bytes differ"
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("bits,block_size,K", [(4, 32, 64), (4, 16, 70), (8, 32, 100), (4, 128, 130)])
 def test_quantize_nbits_writes_what_matmul_nbits_quantizer_writes(rng, bits, block_size, K, symmetric, dtype):
