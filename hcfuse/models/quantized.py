@@ -5,17 +5,21 @@ MatMul with a constant weight, both projections of each hyper-connection block i
 `com.microsoft.MatMulNBits` (B uint8 [N, k_blocks, blob], scales T [N, k_blocks], packed uint8 zero points
 when asymmetric). `quantize_model` runs that quantizer on a model (float32, float16 and bfloat16 weights
 alike: it widens bfloat16 to float32 and narrows the scales back); `zp_form="T"` then rewrites the zero
-points as T [N, k_blocks], the one form of MatMulNBits the quantizer does not write. Needs onnxruntime.
+points as T [N, k_blocks], the one form of MatMulNBits the quantizer does not write;
+`save_quantized_genai_model_folder` quantizes the decoder of an onnxruntime-genai-shaped model folder.
+Needs onnxruntime.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
 import onnx
 import onnx_ir as ir
 
+from hcfuse.models.genai_model_folder import MODEL_FILE, save_genai_model_folder
 from hcfuse.models.qwen_decode import make_decode_model
 
 ZP_FORMS = (None, "T")
@@ -80,4 +84,16 @@ def quantized_decode_model(num_blocks: int, *, bits: int = 4, block_size: int = 
                           accuracy_level=accuracy_level, exclude=exclude, zp_form=zp_form)
 
 
-__all__ = ["ZP_FORMS", "projection_names", "quantize_model", "quantized_decode_model"]
+def save_quantized_genai_model_folder(directory: str | os.PathLike, num_blocks: int, *, quantizer: dict | None = None,
+                                      **options) -> str:
+    """hcfuse.models.genai_model_folder.save_genai_model_folder(directory, num_blocks, **options), its decoder then
+    quantized in place by quantize_model(**quantizer) (weights in model.onnx.data). Returns the directory."""
+    directory = save_genai_model_folder(directory, num_blocks, **options)
+    path = os.path.join(directory, MODEL_FILE)
+    quantized = quantize_model(onnx.load(path), **(quantizer or {}))  # every weight read: the data file is free
+    ir.save(ir.from_proto(quantized), path, external_data=MODEL_FILE + ".data")
+    return directory
+
+
+__all__ = ["ZP_FORMS", "projection_names", "quantize_model", "quantized_decode_model",
+           "save_quantized_genai_model_folder"]
