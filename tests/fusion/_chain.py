@@ -19,7 +19,8 @@ C, H, R = 4, 16, 8
 BF16 = np.dtype(ml_dtypes.bfloat16)
 CHAIN_OPS = {*_op.CHAIN_CONTRIB_OPS, "Sigmoid", "Div", "Mul", "Split"}
 # Largest |fused - stock| over max(1, |stock|) through a short chain: fp32 is accumulation order only;
-# fp16 differs where the contract rounds once (post_gate) and the stock chain three times.
+# fp16 differs in post_gate too: onnxruntime's CPU provider runs the chain's Div, Sigmoid and Mul as one
+# fp32 computation rounded once, where the contract rounds after each.
 TOLERANCE = {np.dtype(np.float32): 2e-5, np.dtype(np.float16): 8e-3}
 OVERRIDABLE = "which is also a graph input (an overridable default)"
 
