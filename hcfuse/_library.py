@@ -6,6 +6,8 @@ import importlib.resources
 import os
 import sys
 
+from hcfuse._op import DOMAIN, OP_TYPE, SINCE_VERSION
+
 _LIB_NAMES = {"linux": "libhcfuse_ops.so", "darwin": "libhcfuse_ops.dylib", "win32": "hcfuse_ops.dll"}
 
 
@@ -57,6 +59,7 @@ def register(session_options=None):
     With no argument a new SessionOptions is made, as onnxruntime-extensions users expect. A second
     call on the same options does nothing (they record the library in a session config entry); one
     naming another library file (HCFUSE_LIBRARY changed) raises, since both would add com.microsoft.
+    Options given the library by register_custom_ops_library itself carry no record: use one or the other.
     """
     import onnxruntime as ort
 
@@ -77,10 +80,8 @@ def register(session_options=None):
 def kernel_source_metadata() -> dict[str, str]:
     """The metadata_props entry a fused model carries: where its kernels come from and what to do."""
     from hcfuse import __version__
-    from hcfuse._op import DOMAIN, OP_TYPE
-
     return {METADATA_KEY: f"{DOMAIN}::{OP_TYPE} runs on the kernels of hcfuse {__version__}'s custom-op library: "
-                          "pip install hcfuse, then hcfuse.register(session_options) before creating the session "
+                          "install hcfuse, then call hcfuse.register(session_options) before creating the session "
                           "(onnxruntime-genai: session_options.custom_ops_library in genai_config.json)"}
 
 
@@ -93,8 +94,6 @@ def missing_library_message(error: BaseException, registered: str | None = None)
     """One line saying what to do when error is onnxruntime failing a session on the fused node for want
     of its kernel; None for any other error. registered: the hcfuse library the session options carry
     (registered_library), if any."""
-    from hcfuse._op import DOMAIN, OP_TYPE
-
     text = " ".join(str(error).split())
     if OP_TYPE not in text or not any(sign in text for sign in _MISSING_KERNEL_SIGNS):
         return None
@@ -115,16 +114,12 @@ def has_contrib_opset_import(model) -> bool:
     writes there (FusedMatMul, FusedGemm, Gelu, BiasGelu, QuickGelu, SkipLayerNormalization, ...) then
     fail the session. Importing com.microsoft at 1 keeps them loading.
     """
-    from hcfuse._op import DOMAIN
-
     return any(o.domain == DOMAIN for o in model.opset_import)
 
 
 def add_contrib_opset_import(model) -> bool:
     """Adds com.microsoft version 1 to an onnx.ModelProto's opset imports when missing (see
     has_contrib_opset_import); returns whether it did."""
-    from hcfuse._op import DOMAIN, SINCE_VERSION
-
     if has_contrib_opset_import(model):
         return False
     entry = model.opset_import.add()
