@@ -32,9 +32,10 @@ def _genai_refusal(directory) -> str | None:
 
 
 def _genai_version() -> tuple[int, ...]:
-    from importlib.metadata import version
+    """onnxruntime-genai's version (any of its distributions: CPU, CUDA, DirectML)."""
+    import onnxruntime_genai
 
-    return tuple(int(p) for p in version("onnxruntime-genai").split(".")[:2])
+    return tuple(int(p) for p in onnxruntime_genai.__version__.split(".")[:2])
 
 
 def test_the_copy_in_the_folder_loads_without_a_warning(folder, tmp_path, hcfuse_lib):
