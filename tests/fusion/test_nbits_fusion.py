@@ -12,7 +12,7 @@ import onnx_ir as ir
 import pytest
 
 from hcfuse import _op, _op_nbits
-from hcfuse.models.quantized import projection_names
+from hcfuse.models.quantized import projection_names, quantize_model
 from hcfuse.rewrite import fuse_with_report
 from tests.fusion._chain import TOLERANCE
 from tests.fusion._nbits_chain import SMALL, feeds, matmul_nbits, nbits_nodes, quantized_chain, run_reference
@@ -166,3 +166,29 @@ def test_blocks_sharing_quantized_weights_share_the_concatenation():
     names = [v.name for v in m.graph.initializers.values()]
     assert len(names) == len(set(names))
 
+
+
+def test_a_dense_packed_weight_fed_at_run_time_is_taken_as_it_is_beside_a_quantized_up():
+    """The quantized op reads the packed [C*H, R+C] weight as the chain's MatMul does: nothing is sliced or
+    folded, so a weight a caller feeds stays a graph input the node reads."""
+    names = projection_names(0, "attn")
+    m = quantized_chain(BLOCKS, sublayer="identity", quantizer=dict(exclude=[names["down_inject"]]))
+    packed = m.graph.initializers[names["down_inject"][1:].replace("/", ".") + ".weight"]
+    m.graph.inputs.append(packed)  # an overridable default
+    _fuse(m)
+    assert nbits_nodes(m)[0].inputs[_op_nbits.DOWN_INJECT_WEIGHT] is packed and packed.is_graph_input()
+
+
+@pytest.mark.parametrize("zp_form", [None, "T"], ids=["packed", "T"])
+def test_a_projection_without_zero_points_beside_one_with_them_gets_the_default_written_out(zp_form):
+    """Two quantizer runs: down symmetric (no zero points), then inject asymmetric. The concatenation holds
+    2^(bits-1) for down, what MatMulNBits takes for absent zero points, in the form inject's are."""
+    names = projection_names(0, "attn", packed=False)
+    first = quantized_chain(BLOCKS, packed=False, sublayer="identity", quantizer=dict(exclude=[names["inject"]]))
+    m = ir.from_proto(quantize_model(ir.to_proto(first), symmetric=False, accuracy_level=4, zp_form=zp_form))
+    original = ir.from_proto(ir.to_proto(m))
+    _fuse(m)
+    zp = _tensor(nbits_nodes(m)[0].inputs[_op_nbits.DOWN_INJECT_ZERO_POINTS])
+    assert zp.shape[0] == SMALL_R + _C
+    assert (zp[:SMALL_R] == (0x88 if zp_form is None else 8)).all()
+    _assert_outputs_match(original, m, np.float32)
