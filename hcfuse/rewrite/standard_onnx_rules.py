@@ -8,9 +8,10 @@
     HyperConnectionPostMix(s, out, gate)
                                 <- Add(s, Reshape(Mul(Unsqueeze(out, [-2]), Unsqueeze(gate, [-1])), [.., C*H]))
 
-(either operand order of Mul and Add). Each rule rewrites only what its check proves equivalent: true
-constants (standard_onnx_facts), reshapes that keep the leading dims, axes and attributes that match,
-no broadcasting between leading dims (the contrib ops allow none), no intermediate used elsewhere.
+(either operand order of Mul and Add; mobius's forms, hcfuse.rewrite.mobius_rules, in its order). Each
+rule rewrites only what its check proves equivalent: true constants (standard_onnx_facts), reshapes that
+keep the leading dims, axes and attributes that match, no broadcasting between leading dims (the contrib
+ops allow none), no intermediate used elsewhere.
 The rules carry a per-call _Recorder: which candidates (keyed by their root node's index in the
 original graph) may be rewritten, what was rewritten, and why each other candidate was refused.
 """
@@ -365,8 +366,9 @@ class PostMixExpansion(_ExpansionRule):
 
 
 def make_ruleset(recorder: _Recorder) -> RewriteRuleSet:
-    """The four expansion rules (both ReduceMean forms) and mobius's forms (hcfuse.rewrite.mobius_rules),
-    bound to one call's recorder."""
+    """The four expansion rules (both ReduceMean forms), with either operand order of Mul and Add, and
+    mobius's forms (hcfuse.rewrite.mobius_rules) in the exporter's operand order (its norm has five Muls
+    and Adds: 32 orders to try at every Cast), bound to one call's recorder."""
     from hcfuse.rewrite.mobius_rules import mobius_rules
 
     rules = [
@@ -375,6 +377,6 @@ def make_ruleset(recorder: _Recorder) -> RewriteRuleSet:
         PreMixExpansion.rule(recorder, "StandardOnnxPreMix", axes_input=True),
         PreMixExpansion.rule(recorder, "StandardOnnxPreMixAxesAttribute", axes_input=False),
         PostMixExpansion.rule(recorder, "StandardOnnxPostMix"),
-        *mobius_rules(recorder),
     ]
-    return RewriteRuleSet(rules, commute=True)
+    commuted = [variant for rule in rules for variant in rule.commute()]
+    return RewriteRuleSet([*commuted, *mobius_rules(recorder)])

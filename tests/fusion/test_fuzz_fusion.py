@@ -168,11 +168,11 @@ def test_the_shuffle_changes_nothing_but_the_node_order():
 
 
 def _shuffled_mutant(form: str) -> run.Mutant:
-    for index in range(200):
+    for index in range(600):
         mutant = run.make_mutant(0, index, exclude=tuple(MUTATIONS))
         if mutant.unshuffled is not None and mutant.base.form == form and mutant.twin is None:
             return mutant
-    raise AssertionError(f"no shuffled {form} base in 200 mutants")
+    raise AssertionError(f"no shuffled {form} base in 600 mutants")
 
 
 @pytest.mark.parametrize("form", sorted(bases.FORMS))

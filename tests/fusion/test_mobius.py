@@ -6,9 +6,10 @@ which onnxruntime folds at session start). mobius rounds Div(x, C), each pre-mix
 where the fused op rounds x * (1/C) and one float32 sum (hcfuse/rewrite/mobius_rules.py). Measured with
 hcfuse.checking.verification (onnxruntime CPU, 3 seeds, 4 rows per symbolic dim), mobius model against
 the fused one, the pre-mix mean in float32 or in T alike: at the full Qwen size (C=4, H=2560, R=320),
-8 blocks + the final mixer: float32 MAX32 ulp, float16 MAX16 ulp; 96 blocks at H=512, R=64: float32
-DEEP32 ulp, float16 DEEP16 ulp. verify's bounds are 512 (float32) and 32 (float16, bfloat16) ulp.
-bfloat16 (what mobius exports) cannot run on onnxruntime's CPU; its gap on a GPU is the lead's check.
+8 blocks + the final mixer: float32 35-45 ulp, float16 4.3-5 ulp; 96 blocks + the final mixer at H=512,
+R=64: float32 39-41 ulp, float16 9-11 ulp. verify's bounds are 512 (float32) and 32 (float16, bfloat16)
+ulp, so the block is fused. bfloat16 (what mobius exports) cannot run on onnxruntime's CPU stock ops: its
+gap is measured on a GPU.
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ def test_a_norm_weight_offset_other_than_one_is_left(hcfuse_lib):
     report = fuse_with_report(model)
     assert len(report.fused) == 2
     reasons = {r.anchor: r.reason for r in report.rejected}
-    assert reasons["model/layers.0/attn_hyper_connection/hc_norm"] == "the norm weight must be offset by 1; 'two' is 2.0"
+    reason = reasons["model/layers.0/attn_hyper_connection/hc_norm"]
+    assert reason == "the norm weight must be offset by 1; 'two' is 2.0"
     assert _gap(original, ir.to_proto(model)) <= SMALL_BOUND[np.float32]
 
 

@@ -2,9 +2,11 @@
 the locator of each block's nodes and values.
 
 Forms (random_form): the stock contrib-op chain of models/qwen_decode.py's builder (separate or packed
-MatMul + Split, with and without a prologue in front of block 0), or the same blocks as onnxruntime-genai's
-standard-ONNX expansion (models/genai_expansion.py). The block mutations act on the contrib-op form; the
-whole-model ones (shapes stripped, functions, If, names, a second chain, the node order) on every form."""
+MatMul + Split, with and without a prologue in front of block 0), the same blocks as onnxruntime-genai's
+standard-ONNX expansion (models/genai_expansion.py), or as onnxruntime's mobius exporter writes them
+(models/mobius_block.py: opset 24, the float32 norm, a PLE Add, a token mask). The block mutations act on
+the contrib-op form; the whole-model ones (shapes stripped, functions, If, names, a second chain, the node
+order) on every form."""
 
 from __future__ import annotations
 
@@ -15,11 +17,15 @@ import onnx_ir as ir
 
 from hcfuse import _op
 from hcfuse.models.genai_expansion import BATCH_SEQUENCE, PAGED, build_expansion_model
+from hcfuse.models.mobius_block import OPSET as MOBIUS_OPSET
+from hcfuse.models.mobius_block import TOKENS as MOBIUS_TOKENS
+from hcfuse.models.mobius_block import build_mobius_model
 from hcfuse.models.qwen_decode import make_decode_model
 
 DTYPES = (np.float32, np.float16)
-CONTRIB, GENAI_EXPANSION = "contrib", "genai_expansion"
-FORMS = {CONTRIB: 0.8, GENAI_EXPANSION: 0.2}  # form -> share of the mutants
+CONTRIB, GENAI_EXPANSION, MOBIUS = "contrib", "genai_expansion", "mobius"
+FORMS = {CONTRIB: 0.9, GENAI_EXPANSION: 0.05, MOBIUS: 0.05}  # form -> share of the mutants
+MOBIUS_OPTIONS = ("epsilon", "final_mix", "premix_in", "ple_before", "token_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +95,14 @@ def random_form(base: Base, rng: np.random.Generator) -> Base:
     form = str(rng.choice(list(FORMS), p=list(FORMS.values())))
     if form == CONTRIB:
         return base
+    if form == MOBIUS:
+        lead = tuple(int(rng.integers(1, 4)) for _ in MOBIUS_TOKENS)
+        options = {"epsilon": base.options.get("epsilon") or 1e-6, "final_mix": True,
+                   "premix_in": str(rng.choice(["float", "T"])),
+                   "ple_before": tuple(k for k in range(1, base.num_blocks) if rng.random() < 0.3),
+                   "token_mask": bool(rng.random() < 0.5)}
+        return dataclasses.replace(base, packed=False, leading_dims=MOBIUS_TOKENS, lead=lead, options=options,
+                                   prologue_first=False, opset=MOBIUS_OPSET, form=form)
     paged = bool(rng.random() < 0.5)
     leading = PAGED if paged else BATCH_SEQUENCE
     lead = tuple(int(rng.integers(1, 4)) for _ in leading)
@@ -101,6 +115,9 @@ def random_form(base: Base, rng: np.random.Generator) -> Base:
 
 
 def build(base: Base) -> ir.Model:
+    if base.form == MOBIUS:
+        options = {k: v for k, v in base.options.items() if k in MOBIUS_OPTIONS}
+        return build_mobius_model(base.num_blocks, C=base.C, H=base.H, R=base.R, dtype=base.dtype, **options)
     if base.form == GENAI_EXPANSION:
         fixed = ("gate_div", "gate_mul", "silu_alpha", "reduction_scale")  # the builder's, from C
         options = {k: v for k, v in base.options.items() if k not in fixed}

@@ -13,7 +13,7 @@ import onnx
 import onnx_ir as ir
 
 KIND = "shuffle_order"
-SHARE = 0.5  # of the mutants, bases included: each other kind meets it in about half its mutants
+SHARE = 0.3  # of the mutants, bases included: each other kind meets it in about 3 of 10 mutants
 
 
 def shuffle_order(proto: onnx.ModelProto, rng: np.random.Generator) -> str | None:
@@ -31,6 +31,8 @@ def shuffle_order(proto: onnx.ModelProto, rng: np.random.Generator) -> str | Non
 def in_checker_order(proto: onnx.ModelProto) -> onnx.ModelProto:
     """proto when its main graph is sorted, else a copy sorted as onnxruntime sorts it (onnx-ir's stable
     topological sort, subgraphs' reads of outer values included), for onnx.checker."""
+    if is_sorted(proto.graph):
+        return proto
     model = ir.from_proto(proto)
     index = {node: i for i, node in enumerate(model.graph)}
     model.graph.sort()
@@ -42,6 +44,20 @@ def in_checker_order(proto: onnx.ModelProto) -> onnx.ModelProto:
     del copy.graph.node[:]
     copy.graph.node.extend(proto.graph.node[i] for i in order)
     return copy
+
+
+def is_sorted(graph: onnx.GraphProto, outer: frozenset = frozenset()) -> bool:
+    """Whether every node of graph (and of its subgraphs) reads only names defined before it."""
+    seen = set(outer) | {v.name for v in graph.input} | {t.name for t in graph.initializer} | {""}
+    for node in graph.node:
+        if not seen.issuperset(node.input):
+            return False
+        for attr in node.attribute:
+            for sub in [*([attr.g] if attr.HasField("g") else []), *attr.graphs]:
+                if not is_sorted(sub, frozenset(seen)):
+                    return False
+        seen.update(node.output)
+    return True
 
 
 def node_order(proto: onnx.ModelProto) -> list[tuple]:

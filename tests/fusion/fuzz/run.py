@@ -5,7 +5,7 @@ that onnxruntime runs on the same feeds (overridable initializers fed with other
 defaults), and every output of the original agrees within hcfuse.checking.verification's ulp bound of T; a
 block the pass left unfused is fine (the reasons are counted). Anything else is a finding.
 
-Half the mutants also have their main graph's nodes shuffled (node_order, after every other mutation):
+Three in ten mutants also have their main graph's nodes shuffled (node_order, after every other mutation):
 such a mutant must fuse as the same mutant unshuffled does (same blocks, same reasons), and a model
 where nothing fused must come back in its own node order.
 
@@ -151,6 +151,9 @@ def _feeds(mutant: Mutant, rng: np.random.Generator) -> dict[str, np.ndarray]:
             shape = mutant.input_shapes[name]
             if name.endswith("hc_norm.weight"):
                 data = 1.0 + 0.1 * rng.standard_normal(shape)
+            elif name == "token_mask":  # mobius's: which tokens are real
+                feeds[name] = rng.random(shape) < 0.8
+                continue
             elif name == "prev_post_gate":
                 data = rng.uniform(0.0, 2.0, shape)
             elif name in mutant.weight_inputs:
@@ -184,7 +187,7 @@ def _run(model: onnx.ModelProto, feeds: dict, options: ort.SessionOptions) -> di
     return dict(zip(names, session.run(None, feeds)))
 
 
-_NORMS = {_op.BRANCH_NORM, "SimplifiedLayerNormalization"}  # one a block: contrib form, GenAI's expansion
+_NORMS = {_op.BRANCH_NORM, "SimplifiedLayerNormalization", "Reciprocal"}  # one a block: contrib, GenAI, mobius
 
 
 def check_model(model: onnx.ModelProto, *, sorted_nodes: bool = False) -> None:

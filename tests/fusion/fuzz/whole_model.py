@@ -10,7 +10,7 @@ import onnx
 import onnx_ir as ir
 
 from hcfuse import _op
-from tests.fusion.fuzz.bases import blocks, build
+from tests.fusion.fuzz.bases import CONTRIB, MOBIUS, blocks, build
 from tests.fusion.fuzz.edits import initializer, random_like
 
 def strip_shapes(model, ctx):
@@ -100,6 +100,13 @@ def node_names(model, ctx):
     return "node_names:empty"
 
 
+# options of the second chain: one input (the embeddings), no extra Add in front of a block
+_PLAIN_SECOND_CHAIN = {
+    CONTRIB: {"weights_as_inputs": False, "tile_embeddings": True, "extra_add_before": ()},
+    MOBIUS: {"ple_before": (), "token_mask": False},
+}
+
+
 def two_chains(model, ctx):
     """A second, independent chain of another C (same H and type) in the same graph; maybe one (H) norm
     scale shared by a block of each (flattened once per C), or one packed weight name prefix."""
@@ -107,8 +114,8 @@ def two_chains(model, ctx):
     C2 = 2 if base.C != 2 else 4
     other = dataclasses.replace(base, C=C2, R=int(ctx.rng.choice([2, 4, 8])), prologue_first=False,
                                 num_blocks=int(ctx.rng.integers(1, 3)),
-                                options={**base.options, "weights_as_inputs": False, "tile_embeddings": True,
-                                         "extra_add_before": ()})
+                                options={**base.options, **_PLAIN_SECOND_CHAIN.get(base.form,
+                                                                                  _PLAIN_SECOND_CHAIN[CONTRIB])})
     graph = build(other).graph
     prefix = ctx.name("chain") + "/"
     for value in [*graph.inputs, *graph.initializers.values()]:
