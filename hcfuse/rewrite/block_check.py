@@ -181,17 +181,27 @@ class BlockCheck:
                 if isinstance(q, str):
                     raise Reject(q)
                 found[role] = q
+        self._down_and_inject_alike(found)
+        self._one_setting(found)
+        return found
+
+    def _down_and_inject_alike(self, found: dict[str, QuantizedProjection]) -> None:
+        """Separate down and inject become one weight: both quantized or neither, zero points of one type."""
         if ("down" in found) != ("inject" in found) and self.v.has_inject and not self.v.packed:
             quantized, dense = ("down", "inject") if "down" in found else ("inject", "down")
             raise Reject(f"{quantized} is quantized (MatMulNBits {found[quantized].node!r}) but {dense} is a MatMul "
                          f"({self.b[dense].producer().name!r}): the fused op takes down and inject as one weight, "
                          "both dense or both quantized")
         if "down" in found and "inject" in found:
-            zero_points = {found[r].zero_points.dtype for r in ("down", "inject") if found[r].zero_points is not None}
-            if len(zero_points) > 1:
-                raise Reject(f"the zero points of down (MatMulNBits {found['down'].node!r}) and inject "
-                             f"({found['inject'].node!r}) differ in type ({', '.join(t.name for t in zero_points)}): "
-                             "they cannot be one tensor")
+            down, inject = (found[r].zero_points for r in ("down", "inject"))
+            if down is not None and inject is not None and down.dtype != inject.dtype:
+                raise Reject(f"the zero points of down (MatMulNBits {found['down'].node!r}, {down.dtype.name}) and "
+                             f"inject ({found['inject'].node!r}, {inject.dtype.name}) differ in type: they cannot "
+                             "be one tensor")
+
+    @staticmethod
+    def _one_setting(found: dict[str, QuantizedProjection]) -> None:
+        """The fused op has one bits, block_size and accuracy_level for every quantized projection."""
         first = next(iter(found.values()), None)
         for q in found.values():
             for name, a, b in zip(("bits", "block_size", "accuracy_level"), first.nbits_attributes(),
@@ -199,12 +209,12 @@ class BlockCheck:
                 if a != b:
                     raise Reject(f"{name} differs: MatMulNBits {first.node!r} {a}, MatMulNBits {q.node!r} {b} "
                                  f"(the fused op has one {name} for every quantized projection)")
-        return found
 
-    def _projection_shape(self, role: str, name: str) -> tuple[int, int]:
-        """(K, N) of a projection: a MatMulNBits' attributes (proved against its tensors), or the dense weight's."""
+    def _shape(self, role: str, name: str):
+        """(K, N) of a projection: a MatMulNBits' attributes (proved against its tensors), or the dense weight's
+        dims."""
         q = self.q.get(role)
-        return (q.K, q.N) if q is not None else self._matrix(name)
+        return (q.K, q.N) if q is not None else self.dims(name)
 
     def _wrong_shape(self, role: str, name: str, expected: str, got, label: str | None = None) -> Reject:
         q = self.q.get(role)
@@ -223,16 +233,16 @@ class BlockCheck:
         if self.v.packed:
             CH, R = self.packed_shape(C)
         else:
-            CH, R = self._projection_shape("down", "down_weight")
+            CH, R = self._shape("down", "down_weight") if "down" in self.q else self._matrix("down_weight")
         if R < 1 or CH < 1:
             raise Reject(f"down_weight must be (C*H, R) with C*H and R >= 1; got ({CH}, {R})")
         if CH % C:
             raise Reject(f"the block's width {CH} (rows of the down weight) is not divisible by num_branches {C}")
-        up = self.dims("up_weight") if "up" not in self.q else self._projection_shape("up", "up_weight")
+        up = self._shape("up", "up_weight")
         if up != (R, CH):
             raise self._wrong_shape("up", "up_weight", f"({R}, {CH})", up)
         if self.v.has_inject and not self.v.packed:
-            inject = self.dims("inject_weight") if "inject" not in self.q else self._projection_shape("inject", "")
+            inject = self._shape("inject", "inject_weight")
             if inject != (CH, C):
                 raise self._wrong_shape("inject", "inject_weight", f"({CH}, {C})", inject)
         if self.q and not self.v.packed and "down" not in self.q:
@@ -252,7 +262,7 @@ class BlockCheck:
         if len(sizes) != 2 or sizes[1] != C:
             raise Reject(f"Split sizes must be [R, {C}] (down, inject); got {sizes} "
                          f"(at {_node_name(self.b['down'].producer())})")
-        CH, width = self._projection_shape("packed", "packed_weight")
+        CH, width = self._shape("packed", "packed_weight") if "packed" in self.q else self._matrix("packed_weight")
         R = sizes[0]
         if width != R + C:
             raise self._wrong_shape("packed", "packed_weight", f"({CH}, {R}+{C})", f"({CH}, {width})", "packed weight")

@@ -168,7 +168,6 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
             return (pre, streams_out) if v.has_prologue else pre
         return (pre, gate, streams_out) if v.has_prologue else (pre, gate)
 
-
     def _dense_weights(self, op, m, session: FusionSession, b: dict) -> list[ir.Value]:
         """The dense op's down, up and inject weights."""
         if self.variant.packed:
@@ -190,7 +189,8 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
         elif "down" in q:
             down_inject = _quantized_down_inject(op, m, session, q["down"], q.get("inject"))
         else:
-            parts = [b["down_weight"], b["inject_weight"] if v.has_inject else derived_weights.Filled((m.C * m.H, m.C), 0)]
+            inject = b["inject_weight"] if v.has_inject else derived_weights.Filled((m.C * m.H, m.C), 0)
+            parts = [b["down_weight"], inject]
             session.maybe_dead += [p for p in parts if isinstance(p, ir.Value)]
             weight = derived_weights.concatenated(op, m.graph, session.weights, parts, 1,
                                                   f"{b['down_weight'].name}.down_inject", m.T)

@@ -144,7 +144,8 @@ def test_a_dense_block_beside_quantized_ones_stays_the_dense_op():
     m = quantized_chain(BLOCKS, sublayer="identity", quantizer=dict(exclude=list(names.values())))
     report = fuse_with_report(m)
     assert len(report.fused) == FUSED and not report.rejected
-    kinds = collections.Counter((n.domain, n.op_type) for n in m.graph if n.op_type.startswith("HyperConnectionLowRank"))
+    kinds = collections.Counter((n.domain, n.op_type) for n in m.graph
+                                if n.op_type in (_op.OP_TYPE, _op_nbits.OP_TYPE))
     assert kinds == {(_op.DOMAIN, _op.OP_TYPE): 1, (_op_nbits.DOMAIN, _op_nbits.OP_TYPE): FUSED - 1}
 
 

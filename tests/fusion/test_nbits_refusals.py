@@ -70,8 +70,8 @@ CASES = {
     "bias": (_extra_input(5, _bias), "has a bias input ('bias')"),
     "weight_prepacked": (_attribute("weight_prepacked", 1), "has weight_prepacked set"),
     "K-attribute": (_attribute("K", 64), "must be [256, 2, 16] for K=64, N=256"),
-    "N-attribute": (_attribute("N", 128), "B 'model.layers.0.attn_hyper_connection.input_mix_weight_up.MatMul.weight_Q4' "
-                                         "must be [128, 1, 16] for K=16, N=128"),
+    "N-attribute": (_attribute("N", 128), "B 'model.layers.0.attn_hyper_connection.input_mix_weight_up.MatMul."
+                                         "weight_Q4' must be [128, 1, 16] for K=16, N=128"),
     "B-fed-at-run-time": (_b_as_graph_input, "its B (graph input 'B_fed') is not a constant initializer"),
     "B-overridable": (_b_overridable, f"{OVERRIDABLE}) is not a constant initializer"),
 }
@@ -120,4 +120,6 @@ def test_separate_down_and_inject_with_only_one_quantized(dense):
 def test_separate_down_and_inject_with_zero_points_of_two_types():
     names = projection_names(0, "attn", packed=False)
     m = _requantized(dict(symmetric=False, zp_form="T"), dict(symmetric=False), [names["inject"]], packed=False)
-    expect_left(m, fused=FUSED_OTHERS, anchor_index=0, reason="differ in type (FLOAT, UINT8): they cannot be one tensor")
+    expect_left(m, fused=FUSED_OTHERS, anchor_index=0,
+                reason=f"the zero points of down (MatMulNBits '{names['down']}_Q4', FLOAT) and inject "
+                       f"('{names['inject']}_Q4', UINT8) differ in type: they cannot be one tensor")

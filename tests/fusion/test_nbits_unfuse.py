@@ -93,6 +93,6 @@ def test_a_quantized_node_without_the_shapes_it_needs_says_which():
     fused = hcfuse.optimize(quantized_chain(1, final_mix=False, dtype=ml_dtypes.bfloat16))
     node = nbits_nodes(fused)[0]
     node.inputs[_op_nbits.UP_WEIGHT].shape = None
-    with pytest.raises(ValueError, match=r"HyperConnectionLowRankMixNBits node '.*': dim 0 of "
-                                         r"'model\.layers\.0\.attn_hyper_connection\.input_mix_weight_up\.MatMul\.weight_Q4'"):
+    weight = r"'model\.layers\.0\.attn_hyper_connection\.input_mix_weight_up\.MatMul\.weight_Q4'"
+    with pytest.raises(ValueError, match=rf"HyperConnectionLowRankMixNBits node '.*': dim 0 of {weight}"):
         hcfuse.unfuse(fused)
