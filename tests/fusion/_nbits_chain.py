@@ -5,6 +5,8 @@ its definition says (fp32 weights, the product rounded to T), the fused node by 
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnx.inliner
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
@@ -52,7 +54,7 @@ class HyperConnectionLowRankMixNBits(OpRun):
 
 
 def run_reference(model: ir.Model, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    proto = ir.to_proto(model)
+    proto = onnx.inliner.inline_local_functions(ir.to_proto(model))  # the evaluator's new_ops miss functions
     evaluator = ReferenceEvaluator(proto, new_ops=[*CONTRIB_OPS, MatMulNBits, HyperConnectionLowRankMixNBits])
     return evaluator.run(None, feeds)
 

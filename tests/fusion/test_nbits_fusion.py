@@ -193,3 +193,21 @@ def test_a_projection_without_zero_points_beside_one_with_them_gets_the_default_
     assert zp.shape[0] == SMALL_R + _C
     assert (zp[:SMALL_R] == (0x88 if zp_form is None else 8)).all()
     _assert_outputs_match(original, m, np.float32)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+def test_quantized_blocks_inside_a_function_are_fused_there(packed):
+    """The quantized tensors as Constant nodes of a model-local function (which holds no initializers): the
+    concatenations become Constant nodes there too, and the function imports ai.hcfuse."""
+    from tests.fusion.test_functions_and_subgraphs import _into_function
+
+    m = quantized_chain(BLOCKS, packed=packed, sublayer="identity")
+    _into_function(m, typed_inputs=True, constants_inside=True)
+    original = ir.from_proto(ir.to_proto(m))
+    report = fuse_with_report(m)
+    assert len(report.fused) == FUSED and not report.rejected, report.to_dict()
+    body = next(iter(m.functions.values()))
+    kinds = [n.op_type for n in body]
+    assert kinds.count(_op_nbits.OP_TYPE) == FUSED and "MatMulNBits" not in kinds
+    assert body.opset_imports[_op_nbits.DOMAIN] == _op_nbits.SINCE_VERSION and not m.graph.initializers
+    _assert_outputs_match(original, m, np.float32)
