@@ -46,9 +46,9 @@ inline constexpr std::array<const char*, kNumNBitsInputs> kNBitsInputNames = {
 // A dense-op message ("HyperConnectionLowRankMix: ..." or "HyperConnectionLowRankMix node 'n': ...")
 // with this op's name in front instead.
 inline std::string RelabelForNBits(const std::string& message) {
-  const std::string dense = kOpName;
-  if (message.compare(0, dense.size(), dense) == 0) return kNBitsOpName + message.substr(dense.size());
-  return message;
+  const std::string dense = kOpName, nbits = kNBitsOpName;
+  if (message.compare(0, nbits.size(), nbits) == 0 || message.compare(0, dense.size(), dense) != 0) return message;
+  return nbits + message.substr(dense.size());
 }
 
 // bits and block_size (the dense op's attributes live in mix; accuracy_level is only carried for unfuse).
