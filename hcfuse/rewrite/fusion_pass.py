@@ -46,7 +46,9 @@ class HcLowRankMixFusionPass(ir.passes.InPlacePass):
     """Fuses every stock hyper-connection block into com.microsoft.HyperConnectionLowRankMix, in place.
 
     Registers the op's schema and the com.microsoft opset import; removes the constants and packed
-    weights the fused nodes no longer read; never reads a weight's data.
+    weights the fused nodes no longer read; never reads a weight's data. Takes graphs in any node order
+    (onnxruntime sorts a main graph itself): a graph where a block fused comes out sorted, any other in
+    its own order (hcfuse.rewrite.sort_order).
     """
 
     def __init__(self, *, debug: bool = False):
