@@ -47,6 +47,8 @@ _LAZY = {
     "optimize_with_report": "hcfuse.api",
     "unfuse": "hcfuse.api",
     "verify": "hcfuse.api",
+    "inference_session": "hcfuse.api",
+    "MissingLibraryError": "hcfuse.api",
     "optimize_file": "hcfuse.files.pipeline",
     "unfuse_file": "hcfuse.files.pipeline",
     "infer_shapes_file": "hcfuse.files.pipeline",

@@ -16,6 +16,7 @@ import signal
 import sys
 import tempfile
 import traceback
+import warnings
 
 from hcfuse import _op
 
@@ -133,10 +134,14 @@ def _genai_folder(args, unfuse: bool = False) -> int:
         result = genai_folder.unfuse_folder(args.input, args.output, progress=_progress())
         code = _print_unfused(result.pipeline)
     else:
-        result = genai_folder.optimize_folder(args.input, args.output, copy_library=not args.link_library,
-                                              verify=args.verify, report=args.report,
-                                              infer_shapes=args.infer_shapes, progress=_progress(),
-                                              debug=args.debug, verify_dims=dict(args.dim) or None)
+        with warnings.catch_warnings():  # printed below as one line each
+            warnings.simplefilter("ignore", genai_folder.LibraryLocationWarning)
+            result = genai_folder.optimize_folder(args.input, args.output, copy_library=not args.link_library,
+                                                  verify=args.verify, report=args.report,
+                                                  infer_shapes=args.infer_shapes, progress=_progress(),
+                                                  debug=args.debug, verify_dims=dict(args.dim) or None)
+        for line in result.warnings:
+            print(f"hcfuse: warning: {line}", file=sys.stderr)
         code = _print_optimized(args, result.pipeline, result.model, args.output, result.committed)
         if not result.committed:
             return code

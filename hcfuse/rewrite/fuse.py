@@ -8,6 +8,7 @@ import sys
 import onnx_ir as ir
 
 from hcfuse import _op
+from hcfuse._library import kernel_source_metadata
 from hcfuse.rewrite._onnxscript_api import MatchingTracer, rule_matcher
 from hcfuse.rewrite.derived_weights import NameScope
 from hcfuse.rewrite.hc_lowrank_mix import hc_lowrank_mix_rules, make_ruleset
@@ -42,6 +43,7 @@ def fuse_with_report(model: ir.Model, debug: bool = False) -> FusionReport:
             graph.sort()
         model.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
         model.graph.opset_imports.setdefault(_op.DOMAIN, _op.SINCE_VERSION)
+        model.metadata_props.update(kernel_source_metadata())  # a run without the library then says what to do
     report.rejected = _rejections(model, session.failures, {block.anchor: block.rule for block in report.fused})
     report.rejected += standard.rejected
     if debug and not count:

@@ -63,6 +63,8 @@ def test_link_library_warns_that_onnxruntime_genai_refuses_it(folder, tmp_path, 
 
 def test_cli_link_library_prints_the_warning(folder, tmp_path, capsys, hcfuse_lib):
     out = str(tmp_path / "fused")
-    with pytest.warns(genai_folder.LibraryLocationWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", genai_folder.LibraryLocationWarning)  # the CLI prints it, once
         assert main(["optimize", folder, "-o", out, "--link-library"]) == EXIT_OK
     assert os.path.isfile(os.path.join(out, genai_folder.CONFIG_NAME))
+    assert capsys.readouterr().err.count("hcfuse: warning: ") == 1
