@@ -63,8 +63,9 @@ inline std::string DimsToString(const std::vector<int64_t>& dims) {
   return os.str();
 }
 
-inline std::string Mismatch(const char* input, const std::string& expected, const std::vector<int64_t>& got) {
-  return std::string(kOpName) + ": " + input + " must be " + expected + "; got " + DimsToString(got);
+inline std::string Mismatch(const char* input, const std::string& expected, const std::vector<int64_t>& got,
+                            const char* op = kOpName) {
+  return std::string(op) + ": " + input + " must be " + expected + "; got " + DimsToString(got);
 }
 
 inline std::vector<int64_t> WithLast(std::vector<int64_t> dims, int64_t last) {
@@ -75,12 +76,13 @@ inline std::vector<int64_t> WithLast(std::vector<int64_t> dims, int64_t last) {
 }  // namespace detail
 
 // Validates every shape and attribute against docs/NUMERICS.md and fills `params`.
-// Returns an empty string on success, else a message naming the op, the input and what is wrong.
+// Returns an empty string on success, else a message naming the op (op_name: the quantized op checks
+// its shared inputs and attributes here under its own name), the input and what is wrong.
 inline std::string ResolveHcLowRankMixParams(const HcLowRankMixShapes& s, const HcLowRankMixAttrs& a,
-                                             HcLowRankMixParams* params) {
+                                             HcLowRankMixParams* params, const char* op_name = kOpName) {
   using detail::DimsToString;
   using detail::Mismatch;
-  const std::string op = kOpName;
+  const std::string op = op_name;
   if (a.num_branches <= 0) {
     return op + ": attribute num_branches must be a positive integer; got " + std::to_string(a.num_branches);
   }
@@ -112,19 +114,20 @@ inline std::string ResolveHcLowRankMixParams(const HcLowRankMixShapes& s, const 
   const int64_t H = width / C;
   const std::string w = std::to_string(width);
   if (s.norm_scale.dims != std::vector<int64_t>{width}) {
-    return Mismatch("norm_scale", "(C*H,) = (" + w + ",)", s.norm_scale.dims);
+    return Mismatch("norm_scale", "(C*H,) = (" + w + ",)", s.norm_scale.dims, op_name);
   }
   const auto& dw = s.down_weight.dims;
   if (dw.size() != 2 || dw[0] != width || dw[1] <= 0) {
-    return Mismatch("down_weight", "(C*H, R) = (" + w + ", R) with R >= 1", dw);
+    return Mismatch("down_weight", "(C*H, R) = (" + w + ", R) with R >= 1", dw, op_name);
   }
   const int64_t R = dw[1];
   const std::string r = std::to_string(R);
   if (s.up_weight.dims != std::vector<int64_t>{R, width}) {
-    return Mismatch("up_weight", "(R, C*H) = (" + r + ", " + w + ")", s.up_weight.dims);
+    return Mismatch("up_weight", "(R, C*H) = (" + r + ", " + w + ")", s.up_weight.dims, op_name);
   }
   if (s.inject_weight.dims != std::vector<int64_t>{width, C}) {
-    return Mismatch("inject_weight", "(C*H, C) = (" + w + ", " + std::to_string(C) + ")", s.inject_weight.dims);
+    return Mismatch("inject_weight", "(C*H, C) = (" + w + ", " + std::to_string(C) + ")", s.inject_weight.dims,
+                    op_name);
   }
   std::vector<int64_t> leading(st.begin(), st.end() - 1);
   int64_t rows = 1;
@@ -138,12 +141,12 @@ inline std::string ResolveHcLowRankMixParams(const HcLowRankMixShapes& s, const 
     if (s.prev_block_output.dims != detail::WithLast(leading, H)) {
       return Mismatch("prev_block_output", "(..., H) = " + DimsToString(detail::WithLast(leading, H)) +
                                                " (the leading dims of streams, no broadcasting)",
-                      s.prev_block_output.dims);
+                      s.prev_block_output.dims, op_name);
     }
     if (s.prev_post_gate.dims != detail::WithLast(leading, C)) {
       return Mismatch("prev_post_gate", "(..., C) = " + DimsToString(detail::WithLast(leading, C)) +
                                             " (the leading dims of streams, no broadcasting)",
-                      s.prev_post_gate.dims);
+                      s.prev_post_gate.dims, op_name);
     }
   }
   params->rows = rows;

@@ -1,7 +1,7 @@
 // Attributes, inputs and shapes of ai.hcfuse::HyperConnectionLowRankMixNBits, checked once for every
 // provider. The inputs and attributes it shares with the dense op (streams, norm_scale, the prologue,
 // num_branches and the five float attributes) go through the dense op's own checks
-// (ReadHcLowRankMixAttrs, ResolveHcLowRankMixParams), their messages relabelled with this op's name;
+// (ReadHcLowRankMixAttrs, ResolveHcLowRankMixParams), under this op's name;
 // what is the quantized op's own (each projection dense or MatMulNBits' B, scales and zero points;
 // bits and block_size) is checked here, every shape against K, N, bits and block_size before a
 // kernel reads a byte.
@@ -43,14 +43,6 @@ inline constexpr std::array<const char*, kNumNBitsInputs> kNBitsInputNames = {
     "streams",   "norm_scale", "down_inject_weight", "down_inject_scales", "down_inject_zero_points",
     "up_weight", "up_scales",  "up_zero_points",     "prev_block_output",  "prev_post_gate"};
 
-// A dense-op message ("HyperConnectionLowRankMix: ..." or "HyperConnectionLowRankMix node 'n': ...")
-// with this op's name in front instead.
-inline std::string RelabelForNBits(const std::string& message) {
-  const std::string dense = kOpName, nbits = kNBitsOpName;
-  if (message.compare(0, nbits.size(), nbits) == 0 || message.compare(0, dense.size(), dense) != 0) return message;
-  return nbits + message.substr(dense.size());
-}
-
 // bits and block_size (the dense op's attributes live in mix; accuracy_level is only carried for unfuse).
 struct HcNBitsAttrs {
   HcLowRankMixAttrs mix;
@@ -60,13 +52,8 @@ struct HcNBitsAttrs {
 
 // Reads and checks the node's attributes. Returns a null OrtStatus* on success.
 inline OrtStatus* ReadHcNBitsAttrs(const OrtApi& api, const OrtKernelInfo* info, HcNBitsAttrs* attrs) {
-  if (OrtStatus* st = ReadHcLowRankMixAttrs(api, info, &attrs->mix)) {
-    const std::string message = RelabelForNBits(api.GetErrorMessage(st));
-    const OrtErrorCode code = api.GetErrorCode(st);
-    api.ReleaseStatus(st);
-    return api.CreateStatus(code, message.c_str());
-  }
-  const std::string label = RelabelForNBits(NodeLabel(api, info));
+  if (OrtStatus* st = ReadHcLowRankMixAttrs(api, info, &attrs->mix, kNBitsOpName)) return st;
+  const std::string label = NodeLabel(api, info, kNBitsOpName);
   auto error = [&](const std::string& what) { return api.CreateStatus(ORT_INVALID_ARGUMENT, (label + ": " + what).c_str()); };
   const std::pair<const char*, int64_t*> ints[] = {{"bits", &attrs->bits}, {"block_size", &attrs->block_size}};
   for (const auto& [name, slot] : ints) {
@@ -110,8 +97,7 @@ struct HcNBitsForm {
 namespace detail {
 
 inline std::string NBitsMismatch(size_t input, const std::string& expected, const std::vector<int64_t>& got) {
-  return std::string(kNBitsOpName) + ": " + kNBitsInputNames[input] + " must be " + expected + "; got " +
-         DimsToString(got);
+  return Mismatch(kNBitsInputNames[input], expected, got, kNBitsOpName);
 }
 
 inline std::string Dims(std::initializer_list<int64_t> dims) { return DimsToString(std::vector<int64_t>(dims)); }
@@ -218,8 +204,7 @@ inline std::string ResolveHcNBitsForm(const std::vector<HcNBitsTensorInfo>& in, 
   shapes.prev_block_output = dense_shape(kPrevBlockOutput, in);
   shapes.prev_post_gate = dense_shape(kPrevPostGate, in);
   shapes.has_streams_out = has_streams_out;
-  const std::string mix_error = ResolveHcLowRankMixParams(shapes, a.mix, &form->params.mix);
-  if (!mix_error.empty()) return RelabelForNBits(mix_error);
+  if (std::string e = ResolveHcLowRankMixParams(shapes, a.mix, &form->params.mix, kNBitsOpName); !e.empty()) return e;
   form->params.bits = a.bits;
   form->params.block_size = a.block_size;
   if (std::string e = detail::CheckProjection(in, kDownInjectWeight, width, R + C, a, &form->down_inject); !e.empty()) {

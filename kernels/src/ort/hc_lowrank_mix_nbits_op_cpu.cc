@@ -4,15 +4,13 @@
 // tasks run on ORT's thread pool. A projection's tensors are typed per call (T when dense, uint8 B;
 // zero points uint8 or T), so the op is a plain OrtCustomOp that reads its inputs from the kernel
 // context, not a lite op with fixed input types.
-#include <exception>
-#include <functional>
-#include <memory>
-#include <mutex>
+#include <algorithm>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "cpu/hc_nbits_cpu.h"
+#include "ort/cpu_runtime.h"
 #include "ort/hc_lowrank_mix_nbits_op.h"
 #include "ort/hc_lowrank_mix_nbits_op_cpu.h"
 
@@ -24,12 +22,6 @@ constexpr ONNXTensorElementDataType kElementType =
     std::is_same_v<T, float> ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
     : std::is_same_v<T, Ort::Float16_t> ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
                                         : ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-
-// The CPU math's storage type for an ORT element type (same bits).
-template <typename T>
-using CpuType = std::conditional_t<std::is_same_v<T, Ort::Float16_t>, Half,
-                                   std::conditional_t<std::is_same_v<T, Ort::BFloat16_t>, BFloat16, float>>;
-static_assert(sizeof(Ort::Float16_t) == sizeof(Half) && sizeof(Ort::BFloat16_t) == sizeof(BFloat16));
 
 const char* TypeName(ONNXTensorElementDataType t) {
   switch (t) {
@@ -45,55 +37,6 @@ const char* TypeName(ONNXTensorElementDataType t) {
   }
 }
 
-// Runs the tasks on the session's intra-op thread pool; serially when it cannot. No exception
-// leaves a task into ORT's pool: the first one is kept and rethrown on the calling thread once
-// every task has finished.
-HcTaskRunner OrtTaskRunner(OrtKernelContext* ctx) {
-  return [ctx](int64_t num_tasks, const std::function<void(int64_t)>& fn) {
-    if (num_tasks > 1) {
-      struct Job {
-        const std::function<void(int64_t)>* fn;
-        std::mutex mu;
-        std::exception_ptr error;
-      } job{&fn, {}, nullptr};
-      auto trampoline = [](void* data, size_t task) {
-        Job* j = static_cast<Job*>(data);
-        try {
-          (*j->fn)(static_cast<int64_t>(task));
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(j->mu);
-          if (!j->error) j->error = std::current_exception();
-        }
-      };
-      OrtStatus* st = Ort::GetApi().KernelContext_ParallelFor(ctx, trampoline, static_cast<size_t>(num_tasks), 0, &job);
-      if (job.error) {
-        if (st != nullptr) Ort::GetApi().ReleaseStatus(st);
-        std::rethrow_exception(job.error);
-      }
-      if (st == nullptr) return;
-      Ort::GetApi().ReleaseStatus(st);  // no thread pool offered: fall through (no task has run then)
-    }
-    for (int64_t t = 0; t < num_tasks; ++t) fn(t);
-  };
-}
-
-// fp32 scratch from the session's CPU allocator, returned to it when the call ends.
-using CpuScratch = std::unique_ptr<float, std::function<void(float*)>>;
-
-CpuScratch AllocateCpuScratch(OrtKernelContext* ctx, int64_t floats) {
-  const Ort::MemoryInfo info = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
-  const std::shared_ptr<OrtAllocator> allocator(Ort::KernelContext(ctx).GetAllocator(*info),
-                                                [](OrtAllocator* a) { Ort::GetApi().ReleaseAllocator(a); });
-  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
-  void* p = allocator->Alloc(allocator.get(), bytes);
-  if (p == nullptr) {
-    throw Ort::Exception(std::string(kNBitsOpName) + ": ORT's CPU allocator returned no memory for " +
-                             std::to_string(bytes) + " bytes of scratch",
-                         ORT_RUNTIME_EXCEPTION);
-  }
-  return CpuScratch(static_cast<float*>(p), [allocator](float* q) { allocator->Free(allocator.get(), q); });
-}
-
 template <typename T>
 struct NBitsCpuKernel {
   using S = CpuType<T>;
@@ -105,12 +48,8 @@ struct NBitsCpuKernel {
     try {
       Ort::Status st = Compute(ctx);
       return st.release();
-    } catch (const Ort::Exception& e) {
-      return api.CreateStatus(e.GetOrtErrorCode(), e.what());
-    } catch (const std::exception& e) {
-      return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kNBitsOpName) + ": " + e.what()).c_str());
     } catch (...) {
-      return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kNBitsOpName) + ": unknown exception").c_str());
+      return detail::StatusFromCurrentException(api, kNBitsOpName);
     }
   }
 
@@ -166,7 +105,7 @@ struct NBitsCpuKernel {
     args.post_gate = reinterpret_cast<S*>(out.post_gate);
     args.streams_out = form.params.mix.has_streams_out ? reinterpret_cast<S*>(out.streams_out) : nullptr;
 
-    const CpuScratch scratch = AllocateCpuScratch(context, HcNBitsCpuScratchFloats(form.params));
+    const CpuScratch scratch = AllocateCpuScratch(context, HcNBitsCpuScratchFloats(form.params), kNBitsOpName);
     HcNBitsCpu(form.params, args, OrtTaskRunner(context), scratch.get());
     return Ort::Status{nullptr};
   }
@@ -184,8 +123,8 @@ struct NBitsCpuOp : Ort::CustomOpBase<NBitsCpuOp<T>, NBitsCpuKernel<T>, /*WithSt
     try {
       *kernel = new NBitsCpuKernel<T>(attrs);
       return nullptr;
-    } catch (const std::exception& e) {
-      return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kNBitsOpName) + ": " + e.what()).c_str());
+    } catch (...) {
+      return detail::StatusFromCurrentException(api, kNBitsOpName);
     }
   }
   const char* GetName() const { return kNBitsOpName; }

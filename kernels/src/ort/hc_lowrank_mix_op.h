@@ -38,9 +38,10 @@ inline Ort::Status InvalidArgument(const std::string& message) {
   return Ort::Status(message.c_str(), ORT_INVALID_ARGUMENT);
 }
 
-// "HyperConnectionLowRankMix node 'name'" for errors raised before Compute (ORT does not add the name).
-inline std::string NodeLabel(const OrtApi& api, const OrtKernelInfo* info) {
-  std::string label = std::string(kOpName) + " node";
+// "HyperConnectionLowRankMix node 'name'" (op_name in front) for errors raised before Compute (ORT does
+// not add the name).
+inline std::string NodeLabel(const OrtApi& api, const OrtKernelInfo* info, const char* op_name = kOpName) {
+  std::string label = std::string(op_name) + " node";
   size_t size = 0;
   if (OrtStatus* st = api.KernelInfo_GetNodeName(info, nullptr, &size)) {
     api.ReleaseStatus(st);
@@ -84,10 +85,12 @@ inline std::string DescribeAttribute(const OrtApi& api, const OrtKernelInfo* inf
   return "";
 }
 
-// Reads the node's attributes; num_branches is required. Returns a null OrtStatus* on success.
-inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* info, HcLowRankMixAttrs* attrs) {
+// Reads the node's attributes; num_branches is required. Returns a null OrtStatus* on success, else a
+// status whose message names the node as an op_name node.
+inline OrtStatus* ReadHcLowRankMixAttrs(const OrtApi& api, const OrtKernelInfo* info, HcLowRankMixAttrs* attrs,
+                                        const char* op_name = kOpName) {
   auto error = [&](const std::string& what) {
-    return api.CreateStatus(ORT_INVALID_ARGUMENT, (NodeLabel(api, info) + ": " + what).c_str());
+    return api.CreateStatus(ORT_INVALID_ARGUMENT, (NodeLabel(api, info, op_name) + ": " + what).c_str());
   };
   int64_t num_branches = 0;
   if (OrtStatus* st = api.KernelInfoGetAttribute_int64(info, "num_branches", &num_branches)) {
@@ -247,15 +250,17 @@ struct HcLowRankMixKernel {
 
 namespace detail {
 
-inline OrtStatus* StatusFromCurrentException(const OrtApi& api) {
+// The exception being handled as a status: an Ort::Exception's own code and message, anything else
+// a runtime error under op_name. Call it only inside a catch block.
+inline OrtStatus* StatusFromCurrentException(const OrtApi& api, const char* op_name = kOpName) {
   try {
     throw;
   } catch (const Ort::Exception& e) {
     return api.CreateStatus(e.GetOrtErrorCode(), e.what());
   } catch (const std::exception& e) {
-    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kOpName) + ": " + e.what()).c_str());
+    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(op_name) + ": " + e.what()).c_str());
   } catch (...) {
-    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(kOpName) + ": unknown exception").c_str());
+    return api.CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(op_name) + ": unknown exception").c_str());
   }
 }
 
