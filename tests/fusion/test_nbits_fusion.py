@@ -50,7 +50,8 @@ def _assert_outputs_match(original: ir.Model, fused: ir.Model, dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("bits,block_size,symmetric", [(4, 32, True), (4, 64, False), (8, 128, True), (8, 32, False)])
+@pytest.mark.parametrize("bits,block_size,symmetric", [(4, 32, True), (4, 64, False), (8, 128, True), (8, 32, False),
+                                                       (4, 16, False), (8, 256, True)])
 def test_packed_blocks_take_the_quantizers_tensors_as_they_are(dtype, bits, block_size, symmetric):
     m = quantized_chain(BLOCKS, dtype=dtype, sublayer="identity",
                         quantizer=dict(bits=bits, block_size=block_size, symmetric=symmetric))
