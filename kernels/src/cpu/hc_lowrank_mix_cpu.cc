@@ -8,197 +8,20 @@
 //   3. up -> g and pre_output per (row tile, block of features h, all C branches); at 1-4 rows up in
 //      two parts of its rows (runs of 10-20 KB), then g and pre_output per block of features.
 // The products run in hc_lowrank_mix_cpu_gemm.inc, compiled for AVX-512, AVX2 and plain x86-64 (or
-// the target's default) and picked at run time; the variants differ only in FMA (see the header).
+// the target's default; hc_cpu_isa.inc) and picked at run time; the variants differ only in FMA (see the header).
 // At 1-4 rows they are bound by reading the weights from memory, which goes fastest as several long
 // sequential streams: up in halves of its rows (any T), float32's down slices two or four at once;
 // 16-bit down goes through tiles that prefetch the next tile as they consume this one.
 #include "cpu/hc_lowrank_mix_cpu.h"
 
 #include <algorithm>
-#include <cmath>
 #include <type_traits>
-#include <utility>
 
-// Per-instruction-set variants through `#pragma GCC target` (GCC; elsewhere only the plain one).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#include <immintrin.h>
-#define HCFUSE_X86_DISPATCH 1
-#endif
+#include "cpu/hc_cpu_isa.inc"
+#include "cpu/hc_cpu_steps.h"
 
 namespace hcfuse {
 namespace {
-
-// One column block of a product: out[r * ldo + (n - n0)] = sum_k x[r * ldx + k] * w[k * ldw + n]
-// for rows r < rows (<= kHcCpuRowTile) and n in [n0, n1).
-template <typename T>
-struct GemmArgs {
-  const float* x;
-  int64_t ldx;
-  int64_t rows;
-  const T* w;
-  int64_t ldw;
-  int64_t K;
-  int64_t n0, n1;
-  float* out;
-  int64_t ldo;
-  // The block computed after this one by the same task (nullptr: none): the weight at its first
-  // column and its column count, whose first rows this block prefetches at its end; and whether the
-  // block before did so for this one.
-  const T* next = nullptr;
-  int64_t next_cols = 0;
-  bool first_prefetched = false;
-  // K's rows of k in slices of slice_k (0: one slice), slice j summed on its own into out + j * slice_out.
-  int64_t slice_k = 0;
-  int64_t slice_out = 0;
-};
-
-// One instruction set's products and elementwise spans (hc_lowrank_mix_cpu_gemm.inc).
-template <typename T>
-struct CpuOps {
-  void (*gemm)(const GemmArgs<T>&);
-  void (*widen)(const T* src, int64_t n, float* dst);  // dst[i] = ToFloat(src[i])
-  void (*narrow)(const float* x, int64_t n, T* out);   // out[i] = FromFloat<T>(x[i])
-  void (*round)(float* x, int64_t n);                  // x[i] = RoundToT<T>(x[i])
-  void (*sigmoid)(float* x, int64_t n);                // x[i] = Sigmoid(x[i])
-};
-
-// sigmoid(x) = 1 / (1 + e), e = exp(-x) correctly rounded to fp32 (computed in double, rounded once).
-inline float Sigmoid(float x) {
-  const float e = static_cast<float>(std::exp(-static_cast<double>(x)));
-  return 1.0f / (1.0f + e);
-}
-
-inline void WidenHalfPortable(const Half* src, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = ToFloat(src[i]);
-}
-inline void NarrowHalfPortable(const float* x, int64_t n, Half* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = FromFloat<Half>(x[i]);
-}
-inline void RoundHalfPortable(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = RoundToT<Half>(x[i]);
-}
-
-namespace generic {
-constexpr int kLanes = 16 / sizeof(float);  // SSE2 (x86-64's baseline), 16 registers
-constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
-inline void WidenHalf(const Half* src, int64_t n, float* dst) { WidenHalfPortable(src, n, dst); }
-inline void NarrowHalf(const float* x, int64_t n, Half* out) { NarrowHalfPortable(x, n, out); }
-inline void RoundHalf(float* x, int64_t n) { RoundHalfPortable(x, n); }
-typedef float LaneVector __attribute__((vector_size(kLanes * sizeof(float))));
-inline LaneVector MulAdd(LaneVector acc, float x, LaneVector w) { return acc + x * w; }  // no FMA in SSE2
-inline LaneVector LoadHalf(const Half* src) {
-  LaneVector v;
-  for (int i = 0; i < kLanes; ++i) v[i] = ToFloat(src[i]);
-  return v;
-}
-#include "cpu/hc_lowrank_mix_cpu_gemm.inc"
-}  // namespace generic
-
-#ifdef HCFUSE_X86_DISPATCH
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c,fma")
-namespace avx2 {
-constexpr int kLanes = 8;  // 16 registers: 8 accumulators, the rest for weights, x and products
-constexpr int MaxVectors(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
-// F16C widening is exact, as ToFloat is (a NaN's payload is kept; only its quiet bit may differ,
-// and no NaN reaches a 16-bit output with its payload: FromFloat<Half> makes every NaN 0x7e00).
-inline __m256 MulAdd(__m256 acc, float x, __m256 w) { return _mm256_fmadd_ps(_mm256_set1_ps(x), w, acc); }
-inline __m256 LoadHalf(const Half* src) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-}
-inline void WidenHalf(const Half* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  }
-  WidenHalfPortable(src + i, n - i, dst + i);
-}
-// The hardware narrowing rounds to nearest even as FromFloat<Half> does (subnormals and overflow
-// to infinity included); NaN lanes are first made the NaN FromFloat<Half> gives (0x7e00 | sign),
-// whose fp32 form sign | 0x7fc00000 the hardware narrows to exactly that.
-inline __m256 CanonicalNaN(__m256 v) {
-  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  const __m256 sign = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)));
-  const __m256 canonical = _mm256_or_ps(sign, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)));
-  return _mm256_blendv_ps(v, canonical, nan);
-}
-inline __m128i NarrowHalf8(const float* x) {
-  return _mm256_cvtps_ph(CanonicalNaN(_mm256_loadu_ps(x)), _MM_FROUND_TO_NEAREST_INT);
-}
-inline void NarrowHalf(const float* x, int64_t n, Half* out) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), NarrowHalf8(x + i));
-  NarrowHalfPortable(x + i, n - i, out + i);
-}
-inline void RoundHalf(float* x, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_cvtph_ps(NarrowHalf8(x + i)));
-  RoundHalfPortable(x + i, n - i);
-}
-#include "cpu/hc_lowrank_mix_cpu_gemm.inc"
-}  // namespace avx2
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")
-#pragma GCC diagnostic push
-// GCC 12's own _mm512_cvtps_ph / _mm512_cvtph_ps start from an "undefined" vector that it then
-// reports as maybe uninitialized (GCC bug 105593, fixed in GCC 13).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-namespace avx512 {
-constexpr int kLanes = 16;  // 32 registers
-constexpr int MaxVectors(int rows) { return rows <= 2 ? 8 : 4; }
-inline __m512 MulAdd(__m512 acc, float x, __m512 w) { return _mm512_fmadd_ps(_mm512_set1_ps(x), w, acc); }
-inline __m512 LoadHalf(const Half* src) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-}
-inline void WidenHalf(const Half* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-  }
-  WidenHalfPortable(src + i, n - i, dst + i);
-}
-// As in avx2:: (NaN lanes made FromFloat<Half>'s NaN first).
-inline __m512 CanonicalNaN(__m512 v) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN));
-  const __m512 canonical = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x7fc00000)));
-  return _mm512_mask_blend_ps(nan, v, canonical);
-}
-inline __m256i NarrowHalf16(const float* x) {
-  return _mm512_cvtps_ph(CanonicalNaN(_mm512_loadu_ps(x)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-inline void NarrowHalf(const float* x, int64_t n, Half* out) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), NarrowHalf16(x + i));
-  NarrowHalfPortable(x + i, n - i, out + i);
-}
-inline void RoundHalf(float* x, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_cvtph_ps(NarrowHalf16(x + i)));
-  RoundHalfPortable(x + i, n - i);
-}
-#include "cpu/hc_lowrank_mix_cpu_gemm.inc"
-}  // namespace avx512
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
-
-// The widest instruction set this CPU (and OS) runs (float32 bits differ between FMA and SSE2).
-template <typename T>
-CpuOps<T> PickOps() {
-#ifdef HCFUSE_X86_DISPATCH
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c")) {
-    return avx512::Ops<T>();
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma")) {
-    return avx2::Ops<T>();
-  }
-#endif
-  return generic::Ops<T>();
-}
 
 constexpr int64_t kColumnBlock = 160;   // down / inject output columns per task: R = 320 in two halves
 // Features h per up/mix task (C * that many output columns) from 5 rows: 128; 1-4 rows stream up in
@@ -209,7 +32,6 @@ constexpr int64_t kSpan = 256;          // elementwise work in stack spans of th
 // 1-4 rows: up in this many parts of its rows, a task each (runs of 20 KB at the Qwen shape, 10 KB
 // for 16-bit; float32: up in 4 parts measured 9-13% slower on 2 threads, bench/cpu_stream_micro.cc)
 constexpr int64_t kUpParts = 2;
-constexpr int64_t kNormRows = 4;        // rows per norm task (their sums of squares interleaved)
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -228,7 +50,9 @@ class Pass {
 
   void Run(const HcTaskRunner& run) {
     const int64_t C = p_.C;
-    run(CeilDiv(rows_, kNormRows) * C, [this, C](int64_t task) { Norm(task / C, task % C); });
+    run(CeilDiv(rows_, kHcCpuNormRows) * C, [this, C](int64_t task) {
+      HcCpuNorm(p_, a_, ops_, hn_, row0_, rows_, task / C, task % C);
+    });
     const int64_t inject_blocks = CeilDiv(C, kColumnBlock);
     if constexpr (kSplitK) {  // float32: down's k in slices, 2 or 4 to a task, added in order afterwards
       const int64_t down_tasks = CeilDiv(down_.count, down_.per_task) * down_blocks_;
@@ -258,48 +82,6 @@ class Pass {
   }
 
  private:
-  // S (prologue), streams_out and hn of branch c for the rows of group `group`
-  // (kNormRows rows).
-  void Norm(int64_t group, int64_t c) {
-    const int64_t C = p_.C, H = p_.H, W = p_.width();
-    const int64_t r0 = group * kNormRows, nr = std::min(kNormRows, rows_ - r0);
-    float* x[kNormRows];
-    for (int64_t r = 0; r < nr; ++r) {
-      const int64_t row = row0_ + r0 + r;
-      x[r] = hn_ + (r0 + r) * W + c * H;
-      ops_.widen(a_.streams + row * W + c * H, H, x[r]);
-      if (p_.has_prologue) {
-        const float gate = ToFloat(a_.prev_post_gate[row * C + c]);
-        float pbo[kSpan];
-        for (int64_t h0 = 0; h0 < H; h0 += kSpan) {
-          const int64_t n = std::min(kSpan, H - h0);
-          ops_.widen(a_.prev_block_output + row * H + h0, n, pbo);
-          float* xs = x[r] + h0;
-          for (int64_t h = 0; h < n; ++h) xs[h] = xs[h] + gate * pbo[h];
-        }
-        ops_.round(x[r], H);  // rounding point: S
-      }
-      if (p_.has_streams_out) ops_.narrow(x[r], H, a_.streams_out + row * W + c * H);
-    }
-    // sum of squares, sequential over h per row; the tile's rows interleaved (independent chains)
-    for (int64_t r = nr; r < kNormRows; ++r) x[r] = x[0];  // padding rows, results unused
-    float ss[kNormRows] = {};
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t r = 0; r < kNormRows; ++r) ss[r] += x[r][h] * x[r][h];
-    }
-    float scale[kSpan];
-    for (int64_t h0 = 0; h0 < H; h0 += kSpan) {
-      const int64_t n = std::min(kSpan, H - h0);
-      ops_.widen(a_.norm_scale + c * H + h0, n, scale);
-      for (int64_t r = 0; r < nr; ++r) {
-        const float inv_rms = 1.0f / std::sqrt(ss[r] / static_cast<float>(H) + p_.epsilon);
-        float* xs = x[r] + h0;
-        for (int64_t h = 0; h < n; ++h) xs[h] = xs[h] * inv_rms * scale[h];
-        ops_.round(xs, n);  // rounding point: hn
-      }
-    }
-  }
-
   // Column block `block` of [hn @ down_weight | hn @ inject_weight] for row tile `tile`, and its
   // epilogue: hidden (into scratch) for down columns, post_gate for inject columns.
   void DownInject(int64_t block, int64_t tile) {
@@ -316,35 +98,12 @@ class Pass {
       float* v = acc + r * kColumnBlock;
       if (down) {
         float sg[kColumnBlock];
-        DownToHidden(v, sg, n, hidden_ + (r0 + r) * R + n0);
+        HcCpuDownToHidden(p_, ops_, v, sg, n, hidden_ + (r0 + r) * R + n0);
         continue;
       }
       ops_.round(v, n);  // rounding point: inject
-      InjectToPostGate(v, n, a_.post_gate + (row0_ + r0 + r) * C + n0);
+      HcCpuInjectToPostGate(p_, ops_, v, n, a_.post_gate + (row0_ + r0 + r) * C + n0);
     }
-  }
-
-  // inject (n rounded values in v, overwritten) -> post_gate, rounded where the stock Div, Sigmoid and
-  // Mul round.
-  void InjectToPostGate(float* v, int64_t n, T* post_gate) const {
-    for (int64_t j = 0; j < n; ++j) v[j] = v[j] / p_.gate_div;
-    ops_.round(v, n);  // rounding point: gate logit
-    ops_.sigmoid(v, n);
-    ops_.round(v, n);  // rounding point: sigmoid of the gate logit
-    for (int64_t j = 0; j < n; ++j) v[j] = v[j] * p_.gate_mul;
-    ops_.narrow(v, n, post_gate);  // rounding point: post_gate
-  }
-
-  // down (n sums in v, overwritten) -> Z -> SG (in sg) -> hidden (n values).
-  void DownToHidden(float* v, float* sg, int64_t n, float* hidden) const {
-    ops_.round(v, n);  // rounding point: down
-    for (int64_t j = 0; j < n; ++j) v[j] = p_.silu_alpha * v[j];
-    ops_.round(v, n);  // rounding point: Z
-    std::memcpy(sg, v, n * sizeof(float));
-    ops_.sigmoid(sg, n);
-    ops_.round(sg, n);  // rounding point: SG
-    for (int64_t j = 0; j < n; ++j) hidden[j] = v[j] * sg[j];
-    ops_.round(hidden, n);  // rounding point: hidden
   }
 
   // up = hidden @ up_weight, g and pre_output for features [h0, h1) of every branch, row tile `tile`.
@@ -363,21 +122,10 @@ class Pass {
 
   // g and pre_output for features [h0, h0 + n) of rows [r0, r0 + nr) of the pass, from up's sums in g_.
   void MixRows(int64_t r0, int64_t nr, int64_t h0, int64_t n) {
-    const int64_t C = p_.C, H = p_.H, W = p_.width();
+    const int64_t H = p_.H, W = p_.width();
     for (int64_t r = 0; r < nr; ++r) {
-      float* gr = g_ + (r0 + r) * W + h0;
-      const float* hn = hn_ + (r0 + r) * W + h0;
-      float mix[kFeatureBlockMax] = {};
-      for (int64_t c = 0; c < C; ++c) {
-        float* v = gr + c * H;
-        ops_.round(v, n);  // rounding point: up
-        ops_.sigmoid(v, n);
-        ops_.round(v, n);  // rounding point: g
-        const float* hc = hn + c * H;
-        for (int64_t h = 0; h < n; ++h) mix[h] += hc[h] * v[h];  // branches in order c = 0..C-1
-      }
-      for (int64_t h = 0; h < n; ++h) mix[h] = p_.reduction_scale * mix[h];
-      ops_.narrow(mix, n, a_.pre_output + (row0_ + r0 + r) * H + h0);  // rounding point: pre_output
+      HcCpuMixRow<kFeatureBlockMax>(p_, ops_, g_ + (r0 + r) * W + h0, hn_ + (r0 + r) * W + h0, n,
+                                    a_.pre_output + (row0_ + r0 + r) * H + h0);
     }
   }
 
@@ -417,7 +165,7 @@ class Pass {
         for (int64_t j = 0; j < n; ++j) z[j] = down_part_[r * R + n0 + j];
         for (int64_t s = 1; s < down_.count; ++s)
           for (int64_t j = 0; j < n; ++j) z[j] += down_part_[(s * rows_ + r) * R + n0 + j];
-        DownToHidden(z, sg, n, hidden + n0);
+        HcCpuDownToHidden(p_, ops_, z, sg, n, hidden + n0);
       }
     }
   }
@@ -458,7 +206,7 @@ class Pass {
 template <typename T>
 void HcLowRankMixCpu(const HcLowRankMixParams& params, const HcLowRankMixCpuArgs<T>& args, const HcTaskRunner& run,
                      float* scratch) {
-  const CpuOps<T> ops = PickOps<T>();
+  const CpuOps<T> ops = PickOps<CpuOps<T>>();
   for (int64_t row0 = 0; row0 < params.rows; row0 += kHcCpuRowsPerPass) {
     Pass<T>(params, args, ops, scratch, row0, std::min(kHcCpuRowsPerPass, params.rows - row0)).Run(run);
   }
