@@ -91,6 +91,7 @@ def _norm_scale(index, value):
 
 
 def _matmulnbits_up(m):
+    """An up MatMul turned into a MatMulNBits without the scales it needs."""
     up = node(m, "MatMul", 4)  # block 1: packed, up
     assert "input_mix_weight_up" in up.name
     quantized = ir.node("MatMulNBits", list(up.inputs), {"K": R, "N": C * H, "bits": 4, "block_size": 32},
@@ -151,7 +152,7 @@ REFUSALS = [
             _norm_scale(1, lambda m: graph_input(m, "scale_h", ir.DataType.FLOAT, [H])), 3, 1,
             f"must be ({C * H},), or a constant"),
     Refusal("split-on-another-axis", _attr("Split", 1, "axis", 0), 3, 1, "Split must cut the last axis"),
-    Refusal("matmulnbits-up-projection", _matmulnbits_up, 3, 1, "expected MatMul, got MatMulNBits"),
+    Refusal("matmulnbits-without-scales", _matmulnbits_up, 3, 1, "has no scales input"),
 ]
 
 
