@@ -257,7 +257,8 @@ def verify(
         try:
             expected = _run("original", orig_path, provider, library, data)
         except _RunError as e:
-            return not_verified(f"{e}; set the inputs' sizes with dims (hcfuse optimize --dim NAME=VALUE)", shapes)
+            hint = "; set the inputs' sizes with dims (hcfuse optimize --dim NAME=VALUE)" if _about_sizes(e) else ""
+            return not_verified(f"{e}{hint}", shapes)
         try:
             actual = _run("optimized", opt_path, provider, library, data)
         except _RunError as e:
@@ -270,6 +271,11 @@ def verify(
     result = _compare(expected, actual, reference, provider, shapes, sizes, bounds)
     result.bound_reason = bound_reason
     return result
+
+
+def _about_sizes(error: Exception) -> bool:
+    """Whether onnxruntime's refusal of the original model may come from the sizes verify chose."""
+    return any(word in str(error).lower() for word in ("shape", "dim", "rank", "size", "broadcast", "index"))
 
 
 def _library() -> str | None:
@@ -292,8 +298,10 @@ def _run(which: str, path: str, provider: str, library: str, data: dict) -> dict
         return run_bound(_session(path, provider, library), data, run_options=run_options)
     except Exception as e:  # onnxruntime's Fail/InvalidArgument/RuntimeException... carry the reason
         shapes = {k: list(v.shape) for k, v in data.items()}
-        raise _RunError(f"onnxruntime ({provider}) could not run the {which} model on inputs {shapes}: "
-                        f"{' '.join(str(e).split())}") from e
+        from hcfuse._library import missing_library_message
+
+        reason = missing_library_message(e, library) or " ".join(str(e).split())
+        raise _RunError(f"onnxruntime ({provider}) could not run the {which} model on inputs {shapes}: {reason}") from e
 
 
 def _compare(expected, actual, reference: ir.Model, provider, shapes, sizes, bounds: dict) -> VerifyResult:
