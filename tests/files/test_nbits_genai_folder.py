@@ -17,24 +17,11 @@ from hcfuse.checking._session import inference_session
 from hcfuse.cli import EXIT_OK, main
 from hcfuse.files import genai_folder, model_io
 from hcfuse.models.genai_model_folder import MODEL_FILE
-from hcfuse.models.nbits import make_nbits_node_model, random_nbits_weights
 from hcfuse.models.quantized import save_quantized_genai_model_folder
 
 BLOCKS = 3
 SHAPE = dict(C=4, H=64, R=16, dtype=np.float16)
 INT4 = dict(bits=4, block_size=32, symmetric=True, accuracy_level=4)
-
-
-@pytest.fixture
-def nbits_lib(hcfuse_lib) -> str:
-    """The library, when it has the quantized op's CPU kernel (skips otherwise)."""
-    weights = random_nbits_weights(4, 16, 8, np.float32, np.random.default_rng(0))
-    try:
-        inference_session(make_nbits_node_model(weights, C=4, dtype=np.float32).SerializeToString(),
-                          library=hcfuse_lib)
-    except Exception as e:  # noqa: BLE001 - onnxruntime's NotImplemented and Fail alike
-        pytest.skip(f"{hcfuse_lib} has no {_op_nbits.OP_TYPE} CPU kernel: {' '.join(str(e).split())[:200]}")
-    return hcfuse_lib
 
 
 @pytest.fixture
@@ -47,7 +34,7 @@ def ops(path) -> collections.Counter:
     return collections.Counter((n.domain, n.op_type) for n in model_io.load(path).graph if n.op_type != "Constant")
 
 
-def test_int4_folder_fuses_and_verifies(folder, tmp_path, nbits_lib):
+def test_int4_folder_fuses_and_verifies(folder, tmp_path, hcfuse_lib):
     before = ops(os.path.join(folder, MODEL_FILE))
     assert before[("com.microsoft", "MatMulNBits")] == 3 * BLOCKS  # down+inject, up and the sublayer
     out = str(tmp_path / "fused")
@@ -63,7 +50,7 @@ def test_int4_folder_fuses_and_verifies(folder, tmp_path, nbits_lib):
     assert any(t.name.endswith("input_mix_down_block_inject.MatMul.weight_Q4") for t in fused.graph.initializer)
 
 
-def test_cli_int4_folder_round_trip(folder, tmp_path, capsys, nbits_lib):
+def test_cli_int4_folder_round_trip(folder, tmp_path, capsys, hcfuse_lib):
     fused, back = str(tmp_path / "fused"), str(tmp_path / "back")
     assert main(["optimize", folder, "-o", fused, "--verify"]) == EXIT_OK
     out = capsys.readouterr().out

@@ -20,7 +20,6 @@ from hcfuse.checking.verification import (
     verify,
 )
 from hcfuse.models.quantized import quantized_decode_model
-from tests.files.test_nbits_genai_folder import nbits_lib  # noqa: F401 - the fixture
 
 F32 = ir.DataType.FLOAT
 SHAPE = dict(C=4, H=64, R=16)
@@ -46,7 +45,7 @@ def test_dense_blocks_keep_the_dense_bound():
     assert default_max_ulp(ir.from_proto(optimized), CPU) == (DEFAULT_MAX_ULP, "")
 
 
-def test_int8_activations_pass_within_their_bound_not_the_dense_one(nbits_lib):  # noqa: F811
+def test_int8_activations_pass_within_their_bound_not_the_dense_one(hcfuse_lib):  # noqa: F811
     original, optimized = _pair(4)
     result = verify(original, optimized, providers=[CPU])
     assert result.status == PASSED, result.summary()
@@ -57,14 +56,14 @@ def test_int8_activations_pass_within_their_bound_not_the_dense_one(nbits_lib): 
     assert dense.status == FAILED, dense.summary()
 
 
-def test_without_int8_activations_the_dense_bound_holds(nbits_lib):  # noqa: F811
+def test_without_int8_activations_the_dense_bound_holds(hcfuse_lib):  # noqa: F811
     original, optimized = _pair(None)
     result = verify(original, optimized, providers=[CPU])
     assert result.status == PASSED and result.outputs[0].bound == DEFAULT_MAX_ULP[F32], result.summary()
     assert not result.bound_reason
 
 
-def test_a_wrong_fusion_still_fails_within_the_int8_bound(nbits_lib):  # noqa: F811
+def test_a_wrong_fusion_still_fails_within_the_int8_bound(hcfuse_lib):  # noqa: F811
     original, optimized = _pair(4)
     model = ir.from_proto(optimized)
     node = next(n for n in model.graph if n.op_type == _op_nbits.OP_TYPE)
