@@ -114,7 +114,7 @@ def _print_optimized(args, result, output: str, written: str, committed: bool) -
 
 
 def _print_unfused(result) -> int:
-    print(f"hcfuse unfuse: {result.input} -> {result.output}: expanded {result.expanded} {_op.OP_TYPE} node(s)")
+    print(f"hcfuse unfuse: {result.input} -> {result.output}: expanded {result.expanded} fused node(s)")
     return EXIT_OK
 
 

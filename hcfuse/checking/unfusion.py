@@ -23,6 +23,7 @@ import numpy as np
 import onnx_ir as ir
 
 from hcfuse import _op, _op_nbits
+from hcfuse._library import METADATA_KEY
 
 _MATMUL_NBITS = "MatMulNBits"  # com.microsoft (_op.DOMAIN), onnxruntime's quantized MatMul
 
@@ -199,6 +200,7 @@ def unfuse(model: ir.Model) -> int:
         model.opset_imports.setdefault(_op.DOMAIN, 1)
         if not _uses_domain(model, _op_nbits.DOMAIN):
             model.opset_imports.pop(_op_nbits.DOMAIN, None)
+        model.metadata_props.pop(METADATA_KEY, None)  # the stock chain needs no hcfuse kernel
     return count
 
 

@@ -188,3 +188,12 @@ def test_optimize_unfuse_optimize_is_stable(packed):
     # unfuse writes the shared constants once per value, not once per block
     inits = ir.from_proto(unfused).graph.initializers
     assert len([n for n in inits if n.startswith("/model/constants/FLOAT/")]) == 2
+
+
+def test_fused_models_say_where_their_kernels_come_from_and_unfused_ones_do_not():
+    stock = make_decode_model(2, C=C, H=H, R=R, final_mix=True)
+    fused = hcfuse.optimize(stock)
+    entry = {p.key: p.value for p in fused.metadata_props}.get("hcfuse.library", "")
+    assert "hcfuse.register" in entry, entry
+    assert "hcfuse.library" not in {p.key for p in hcfuse.unfuse(fused).metadata_props}
+    assert "hcfuse.library" not in {p.key for p in hcfuse.optimize(onnx.ModelProto()).metadata_props}
