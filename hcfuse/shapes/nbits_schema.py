@@ -39,7 +39,17 @@ from hcfuse._op_nbits import (
     STREAMS_OUT,
     UP,
 )
-from hcfuse.shapes.schema import Dim, _check_rank, _Facts, _known, _merge_leading, _shape_of, node_form_problem
+from hcfuse.shapes.schema import (
+    Dim,
+    _check_rank,
+    _Facts,
+    _known,
+    _merge_leading,
+    _shape_of,
+    deregister_op_schema,
+    node_form_problem,
+    register_op_schema,
+)
 
 _DOC = """
 HyperConnectionLowRankMix with quantized projections: the same computation, each of its two projections
@@ -98,25 +108,14 @@ def make_schema() -> OpSchema:
     return schema
 
 
-def _is_registered() -> bool:
-    try:
-        return onnx.defs.get_schema(OP_TYPE, SINCE_VERSION, DOMAIN).since_version == SINCE_VERSION
-    except onnx.defs.SchemaError:
-        return False
-
-
 def register_schema() -> bool:
     """Register the schema with ONNX unless ONNX already knows the op; True when this call added it."""
-    if _is_registered():
-        return False
-    onnx.defs.register_schema(make_schema())
-    return True
+    return register_op_schema(make_schema())
 
 
 def deregister_schema() -> None:
     """Remove the schema (tests); a no-op when it is not registered."""
-    if _is_registered():
-        onnx.defs.deregister_schema(OP_TYPE, SINCE_VERSION, DOMAIN)
+    deregister_op_schema(OP_TYPE, SINCE_VERSION, DOMAIN)
 
 
 # ---- inference ------------------------------------------------------------------------------

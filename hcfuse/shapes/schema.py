@@ -118,25 +118,35 @@ def make_schema() -> OpSchema:
     return schema
 
 
-def _is_registered() -> bool:
+def _is_registered(op_type: str, since_version: int, domain: str) -> bool:
     try:
-        return onnx.defs.get_schema(OP_TYPE, SINCE_VERSION, DOMAIN).since_version == SINCE_VERSION
+        return onnx.defs.get_schema(op_type, since_version, domain).since_version == since_version
     except onnx.defs.SchemaError:
         return False
 
 
+def register_op_schema(schema: OpSchema) -> bool:
+    """Register a schema (of either op) with ONNX unless ONNX already knows the op; True when this call added it."""
+    if _is_registered(schema.name, schema.since_version, schema.domain):
+        return False
+    onnx.defs.register_schema(schema)
+    return True
+
+
+def deregister_op_schema(op_type: str, since_version: int, domain: str) -> None:
+    """Remove an op's schema; a no-op when it is not registered."""
+    if _is_registered(op_type, since_version, domain):
+        onnx.defs.deregister_schema(op_type, since_version, domain)
+
+
 def register_schema() -> bool:
     """Register the schema with ONNX unless ONNX already knows the op; True when this call added it."""
-    if _is_registered():
-        return False
-    onnx.defs.register_schema(make_schema())
-    return True
+    return register_op_schema(make_schema())
 
 
 def deregister_schema() -> None:
     """Remove the schema (tests); a no-op when it is not registered."""
-    if _is_registered():
-        onnx.defs.deregister_schema(OP_TYPE, SINCE_VERSION, DOMAIN)
+    deregister_op_schema(OP_TYPE, SINCE_VERSION, DOMAIN)
 
 
 # ---- inference ------------------------------------------------------------------------------
