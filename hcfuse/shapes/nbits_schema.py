@@ -41,14 +41,19 @@ from hcfuse._op_nbits import (
 )
 from hcfuse.shapes.schema import (
     Dim,
+    OpLayout,
     _check_rank,
     _Facts,
     _known,
-    _merge_leading,
     _shape_of,
+    agree_dims,
+    check_present,
     deregister_op_schema,
+    leading_dims,
     node_form_problem,
     register_op_schema,
+    set_outputs,
+    streams_width,
 )
 
 _DOC = """
@@ -73,6 +78,7 @@ _UINT8_STR = "tensor(uint8)"
 # (ONNX binds every parameter of one type variable to one type).
 _WEIGHT_TYPE = {DOWN_INJECT.weight: "TD", UP.weight: "TU"}
 _ZERO_POINT_TYPE = {DOWN_INJECT.zero_points: "TZD", UP.zero_points: "TZU"}
+_LAYOUT = OpLayout(INPUTS, REQUIRED_INPUTS, STREAMS, (PREV_BLOCK_OUTPUT, PREV_POST_GATE), "C*H")
 _OPTIONAL_INPUTS = {i for i in range(len(INPUTS)) if i not in REQUIRED_INPUTS}
 
 
@@ -249,13 +255,7 @@ def infer_dims(where: str, get_attribute, num_inputs: int, num_outputs: int, typ
     c = attr.i
 
     present = sorted(shapes)
-    missing = [INPUTS[i] for i in REQUIRED_INPUTS if i not in present]
-    if missing:
-        raise InferenceError(f"{where}: required input(s) {', '.join(missing)} missing")
-    has_prev = [i in present for i in (PREV_BLOCK_OUTPUT, PREV_POST_GATE)]
-    if has_prev[0] != has_prev[1]:
-        given, absent = (INPUTS[PREV_BLOCK_OUTPUT], INPUTS[PREV_POST_GATE])[:: 1 if has_prev[0] else -1]
-        raise InferenceError(f"{where}: {given} is given without {absent}; the prologue inputs come as a pair")
+    check_present(where, present, _LAYOUT)
     types = {i: t for i, t in types.items() if t}
     elem_type = _element_type(types, where)
     forms = {proj: _projection_form(proj, present, types, where) for proj in PROJECTIONS}
@@ -266,57 +266,29 @@ def infer_dims(where: str, get_attribute, num_inputs: int, num_outputs: int, typ
 
     facts = _NBitsFacts(where, bits, block_size)
     facts.agree("C", c, "num_branches")
-    streams = shapes[STREAMS]
-    if streams is not None and not streams:
-        raise InferenceError(f"{where}: streams must be (..., C*H) with rank >= 1; got a scalar")
-    if streams is not None:
-        facts.agree("C*H", streams[-1], "streams[-1]")
-    _check_rank(INPUTS[NORM_SCALE], shapes.get(NORM_SCALE), 1, "(C*H,)", where)
-    for d in shapes.get(NORM_SCALE) or ():
-        facts.agree("C*H", d, f"{INPUTS[NORM_SCALE]}[0]")
+    streams_width(facts, shapes, _LAYOUT)
+    agree_dims(facts, INPUTS[NORM_SCALE], shapes.get(NORM_SCALE), ("C*H",), "(C*H,)")
 
-    di = shapes.get(DOWN_INJECT.weight)
     if forms[DOWN_INJECT]:
         _quantized_dims(DOWN_INJECT, shapes, types, facts, "R+C", where)
     elif forms[DOWN_INJECT] is False:
-        _check_rank(INPUTS[DOWN_INJECT.weight], di, 2, "(C*H, R+C) when dense", where)
-        for k, (key, d) in enumerate(zip(("C*H", "R+C"), di or ())):
-            facts.agree(key, d, f"{INPUTS[DOWN_INJECT.weight]}[{k}]")
+        agree_dims(facts, INPUTS[DOWN_INJECT.weight], shapes.get(DOWN_INJECT.weight), ("C*H", "R+C"),
+                   "(C*H, R+C) when dense")
     rc = facts.get("R+C")
     if rc is not None:
         if rc <= c:
             raise InferenceError(f"{where}: R+C = {rc} ({facts.sizes['R+C'][1]}) leaves no low rank: it must be "
                                  f"> num_branches = {c}")
         facts.agree("R", rc - c, f"{facts.sizes['R+C'][1]} - num_branches")
-    up = shapes.get(UP.weight)
     if forms[UP]:
         _quantized_dims(UP, shapes, types, facts, "C*H", where)
     elif forms[UP] is False:
-        _check_rank(INPUTS[UP.weight], up, 2, "(R, C*H) when dense", where)
-        for k, (key, d) in enumerate(zip(("R", "C*H"), up or ())):
-            facts.agree(key, d, f"{INPUTS[UP.weight]}[{k}]")
+        agree_dims(facts, INPUTS[UP.weight], shapes.get(UP.weight), ("R", "C*H"), "(R, C*H) when dense")
     facts.k_blocks_from(DOWN_INJECT, "C*H")
     facts.k_blocks_from(UP, "R")
 
-    width = facts.get("C*H")
-    if width is not None and width % c:
-        raise InferenceError(f"{where}: width C*H = {width} ({facts.sizes['C*H'][1]}) is not divisible by "
-                             f"num_branches = {c}")
-    if width is not None:
-        facts.agree("H", width // c, f"{facts.sizes['C*H'][1]} / num_branches")
-    lead = [(INPUTS[STREAMS], streams[:-1] if streams else None)]
-    for i, key in ((PREV_BLOCK_OUTPUT, "H"), (PREV_POST_GATE, "C")):
-        s = shapes.get(i)
-        if s is not None and not s:
-            raise InferenceError(f"{where}: {INPUTS[i]} must be (..., {key}) with rank >= 1; got a scalar")
-        if s:
-            facts.agree(key, s[-1], f"{INPUTS[i]}[-1]")
-            lead.append((INPUTS[i], s[:-1]))
-    leading = _merge_leading(where, lead)
-    h = facts.get("H")
-    width_dim = h * c if h is not None else (streams[-1] if streams else None)
-
-    return Inferred(elem_type, c, leading, h, width_dim)
+    leading, h, width = leading_dims(facts, c, shapes, _LAYOUT)
+    return Inferred(elem_type, c, leading, h, width)
 
 
 def _infer(ctx) -> None:
@@ -325,10 +297,5 @@ def _infer(ctx) -> None:
     types = {i: tp.tensor_type.elem_type for i in present if (tp := ctx.get_input_type(i)) is not None}
     found = infer_dims(f"{OP_TYPE} ({ctx.get_display_name()})", ctx.get_attribute, ctx.get_num_inputs(),
                        ctx.get_num_outputs(), types, {i: _shape_of(ctx.get_input_type(i)) for i in present})
-    if not found.elem_type:  # nothing tells T yet: an UNDEFINED element type would be an error, so set nothing
-        return
-    last = {PRE_OUTPUT: found.H, POST_GATE: found.num_branches, STREAMS_OUT: found.width}
-    for o in range(ctx.get_num_outputs()):
-        if ctx.has_output(o):
-            shape = None if found.leading is None else [*found.leading, last[o]]
-            ctx.set_output_type(o, onnx.helper.make_tensor_type_proto(found.elem_type, shape))
+    set_outputs(ctx, found.elem_type, found.leading,
+                {PRE_OUTPUT: found.H, POST_GATE: found.num_branches, STREAMS_OUT: found.width})

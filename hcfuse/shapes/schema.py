@@ -8,6 +8,9 @@ an exception raised here escapes ONNX's inference even outside strict mode.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import onnx
 from onnx import TensorProto, TypeProto
 from onnx.defs import OpSchema
@@ -220,6 +223,13 @@ def _check_rank(name: str, shape: list[Dim] | None, rank: int, spelled: str, whe
         raise InferenceError(f"{where}: {name} must be {spelled}; got rank {len(shape)} shape {_fmt(shape)}")
 
 
+def agree_dims(facts: _Facts, name: str, shape: list[Dim] | None, keys: Sequence[str], spelled: str) -> None:
+    """Checks an input's rank (one dim per key) and records each known dim under its key."""
+    _check_rank(name, shape, len(keys), spelled, facts.where)
+    for k, (key, d) in enumerate(zip(keys, shape or ())):
+        facts.agree(key, d, f"{name}[{k}]")
+
+
 def _merge_leading(where: str, lead: list[tuple[str, list[Dim]]]) -> list[Dim] | None:
     """Leading dims shared by streams and the prologue inputs (no broadcasting): values win over symbols."""
     lead = [(n, s) for n, s in lead if s is not None]
@@ -240,6 +250,74 @@ def _merge_leading(where: str, lead: list[tuple[str, list[Dim]]]) -> list[Dim] |
             if not _known(a) and (_known(b) or a is None):
                 merged[k] = b
     return merged
+
+
+class OpLayout(NamedTuple):
+    """Where an op keeps the inputs both ops share, for the inference steps they share."""
+
+    inputs: tuple[str, ...]  # the op's input names
+    required: Sequence[int]
+    streams: int
+    prologue: tuple[int, int]  # prev_block_output, prev_post_gate
+    width_key: str  # the facts' key of C*H (in the messages of a contradiction)
+
+
+_LAYOUT = OpLayout(INPUTS, range(NUM_REQUIRED_INPUTS), STREAMS, (PREV_BLOCK_OUTPUT, PREV_POST_GATE), "CH")
+
+
+def check_present(where: str, present: Sequence[int], layout: OpLayout) -> None:
+    """Raises when a required input is missing or the prologue inputs do not come as a pair."""
+    names = layout.inputs
+    missing = [names[i] for i in layout.required if i not in present]
+    if missing:
+        raise InferenceError(f"{where}: required input(s) {', '.join(missing)} missing")
+    has_prev = [i in present for i in layout.prologue]
+    if has_prev[0] != has_prev[1]:
+        given, absent = (names[layout.prologue[0]], names[layout.prologue[1]])[:: 1 if has_prev[0] else -1]
+        raise InferenceError(f"{where}: {given} is given without {absent}; the prologue inputs come as a pair")
+
+
+def streams_width(facts: _Facts, shapes: dict[int, list[Dim] | None], layout: OpLayout) -> None:
+    """Records C*H from streams' last dim; raises on a scalar streams."""
+    streams = shapes[layout.streams]
+    if streams is not None and not streams:
+        raise InferenceError(f"{facts.where}: streams must be (..., C*H) with rank >= 1; got a scalar")
+    if streams is not None:
+        facts.agree(layout.width_key, streams[-1], "streams[-1]")
+
+
+def leading_dims(facts: _Facts, c: int, shapes: dict[int, list[Dim] | None],
+                 layout: OpLayout) -> tuple[list[Dim] | None, Dim, Dim]:
+    """H from C*H, and the outputs' leading dims from streams and the prologue inputs: (leading, H, C*H), each
+    None when unknown."""
+    where, key = facts.where, layout.width_key
+    width = facts.get(key)
+    if width is not None and width % c:
+        raise InferenceError(f"{where}: width C*H = {width} ({facts.sizes[key][1]}) is not divisible by "
+                             f"num_branches = {c}")
+    if width is not None:
+        facts.agree("H", width // c, f"{facts.sizes[key][1]} / num_branches")
+    streams = shapes[layout.streams]
+    lead = [(layout.inputs[layout.streams], streams[:-1] if streams else None)]
+    for i, last in zip(layout.prologue, ("H", "C")):
+        s = shapes.get(i)
+        if s is not None and not s:
+            raise InferenceError(f"{where}: {layout.inputs[i]} must be (..., {last}) with rank >= 1; got a scalar")
+        if s:
+            facts.agree(last, s[-1], f"{layout.inputs[i]}[-1]")
+            lead.append((layout.inputs[i], s[:-1]))
+    h = facts.get("H")
+    return _merge_leading(where, lead), h, (h * c if h is not None else (streams[-1] if streams else None))
+
+
+def set_outputs(ctx, elem_type: int, leading: list[Dim] | None, last: dict[int, Dim]) -> None:
+    """Types the node's present outputs: T, the leading dims and each output's last dim."""
+    if not elem_type:  # nothing tells T yet: an UNDEFINED element type would be an error, so set nothing
+        return
+    for o in range(ctx.get_num_outputs()):
+        if ctx.has_output(o):
+            shape = None if leading is None else [*leading, last[o]]
+            ctx.set_output_type(o, onnx.helper.make_tensor_type_proto(elem_type, shape))
 
 
 def node_form_problem(num_branches, num_inputs: int, num_outputs: int) -> str | None:
@@ -267,58 +345,20 @@ def _infer(ctx) -> None:
         raise InferenceError(f"{where}: {problem}")
     c = attr.i
 
-    n_in = ctx.get_num_inputs()
-    present = [i for i in range(n_in) if ctx.has_input(i)]
-    missing = [INPUTS[i] for i in range(NUM_REQUIRED_INPUTS) if i not in present]
-    if missing:
-        raise InferenceError(f"{where}: required input(s) {', '.join(missing)} missing")
-    has_prev = [i in present for i in (PREV_BLOCK_OUTPUT, PREV_POST_GATE)]
-    if has_prev[0] != has_prev[1]:
-        given, missing = (INPUTS[PREV_BLOCK_OUTPUT], INPUTS[PREV_POST_GATE])[:: 1 if has_prev[0] else -1]
-        raise InferenceError(f"{where}: {given} is given without {missing}; the prologue inputs come as a pair")
+    present = [i for i in range(ctx.get_num_inputs()) if ctx.has_input(i)]
+    check_present(where, present, _LAYOUT)
     elem_type = _elem_type(ctx, present, where)
     shapes = {i: _shape_of(ctx.get_input_type(i)) for i in present}
 
     facts = _Facts(where)
     facts.agree("C", c, "num_branches")
-    streams = shapes[STREAMS]
-    if streams is not None and not streams:
-        raise InferenceError(f"{where}: streams must be (..., C*H) with rank >= 1; got a scalar")
-    if streams is not None:
-        facts.agree("CH", streams[-1], "streams[-1]")
+    streams_width(facts, shapes, _LAYOUT)
     for i, spelled, keys in (
         (NORM_SCALE, "(C*H,)", ("CH",)),
         (DOWN_WEIGHT, "(C*H, R)", ("CH", "R")),
         (UP_WEIGHT, "(R, C*H)", ("R", "CH")),
         (INJECT_WEIGHT, "(C*H, C)", ("CH", "C")),
     ):
-        s = shapes.get(i)
-        _check_rank(INPUTS[i], s, len(keys), spelled, where)
-        for k, (key, d) in enumerate(zip(keys, s or ())):
-            facts.agree(key, d, f"{INPUTS[i]}[{k}]")
-    width = facts.get("CH")
-    if width is not None and width % c:
-        source = facts.sizes["CH"][1]
-        raise InferenceError(f"{where}: width C*H = {width} ({source}) is not divisible by num_branches = {c}")
-    if width is not None:
-        facts.agree("H", width // c, f"{facts.sizes['CH'][1]} / num_branches")
-
-    lead = [(INPUTS[STREAMS], streams[:-1] if streams else None)]
-    for i, key in ((PREV_BLOCK_OUTPUT, "H"), (PREV_POST_GATE, "C")):
-        s = shapes.get(i)
-        if s is not None and not s:
-            raise InferenceError(f"{where}: {INPUTS[i]} must be (..., {key}) with rank >= 1; got a scalar")
-        if s:
-            facts.agree(key, s[-1], f"{INPUTS[i]}[-1]")
-            lead.append((INPUTS[i], s[:-1]))
-    leading = _merge_leading(where, lead)
-    h = facts.get("H")
-    width_dim: Dim = h * c if h is not None else (streams[-1] if streams else None)
-
-    if not elem_type:  # nothing typed yet: an UNDEFINED element type would be an error, so set nothing
-        return
-    last = {PRE_OUTPUT: h, POST_GATE: c, STREAMS_OUT: width_dim}
-    for o in range(ctx.get_num_outputs()):
-        if ctx.has_output(o):
-            shape = None if leading is None else [*leading, last[o]]
-            ctx.set_output_type(o, onnx.helper.make_tensor_type_proto(elem_type, shape))
+        agree_dims(facts, INPUTS[i], shapes.get(i), keys, spelled)
+    leading, h, width = leading_dims(facts, c, shapes, _LAYOUT)
+    set_outputs(ctx, elem_type, leading, {PRE_OUTPUT: h, POST_GATE: c, STREAMS_OUT: width})
