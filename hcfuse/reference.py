@@ -97,19 +97,28 @@ def pre_mix_f32(hn: np.ndarray, g: np.ndarray, reduction_scale, dtype) -> np.nda
     return round_to(_F32(reduction_scale) * mix, dtype)  # rounding point: pre_output
 
 
-def _check_shapes(streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, C):
-    """Validates shapes and dtypes like the kernels do; returns (H, R)."""
-    op = OP_TYPE
-    given = dict(zip(INPUTS, (streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate)))
-    missing = [name for name in INPUTS[:NUM_REQUIRED_INPUTS] if given[name] is None]
+def check_required(op: str, given: dict, required) -> np.dtype:
+    """Raises when a required input (a name of `given`) is None or streams is not of a T; returns T."""
+    missing = [name for name in required if given[name] is None]
     if missing:
         raise ValueError(f"{op}: required input(s) {', '.join(missing)} missing (got None)")
-    dtype = streams.dtype
+    dtype = given["streams"].dtype
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{op}: streams must be float32, float16 or bfloat16; got {dtype}")
-    for name, value in given.items():
+    return dtype
+
+
+def check_dtypes(op: str, given: dict, names, dtype) -> None:
+    """Raises when an input of `names` that is given is not of streams' dtype."""
+    for name in names:
+        value = given[name]
         if value is not None and value.dtype != dtype:
             raise TypeError(f"{op}: {name} must have the dtype of streams ({dtype}); got {value.dtype}")
+
+
+def check_streams(op: str, streams, C) -> tuple[int, int]:
+    """Raises on a num_branches that is not a positive integer or a streams whose last dim is not a positive
+    multiple of it; returns (C*H, H)."""
     if not isinstance(C, (int, np.integer)) or C <= 0:
         raise ValueError(f"{op}: attribute num_branches must be a positive integer; got {C!r}")
     if streams.ndim < 1:
@@ -117,16 +126,12 @@ def _check_shapes(streams, norm_scale, down_weight, up_weight, inject_weight, pr
     width = streams.shape[-1]
     if width == 0 or width % C:
         raise ValueError(f"{op}: the last dim of streams (C*H = {width}) must be a positive multiple of num_branches = {C}")
-    H = width // C
-    if norm_scale.shape != (width,):
-        raise ValueError(f"{op}: norm_scale must be (C*H,) = ({width},); got {norm_scale.shape}")
-    if down_weight.ndim != 2 or down_weight.shape[0] != width or down_weight.shape[1] < 1:
-        raise ValueError(f"{op}: down_weight must be (C*H, R) = ({width}, R) with R >= 1; got {down_weight.shape}")
-    R = down_weight.shape[1]
-    if up_weight.shape != (R, width):
-        raise ValueError(f"{op}: up_weight must be (R, C*H) = ({R}, {width}); got {up_weight.shape}")
-    if inject_weight.shape != (width, C):
-        raise ValueError(f"{op}: inject_weight must be (C*H, C) = ({width}, {C}); got {inject_weight.shape}")
+    return width, width // C
+
+
+def check_prologue(op: str, streams, H: int, C, prev_block_output, prev_post_gate) -> None:
+    """Raises unless the prologue inputs are both absent, or both given as (..., H) and (..., C) with streams'
+    leading dims."""
     if (prev_block_output is None) != (prev_post_gate is None):
         only = "prev_block_output" if prev_post_gate is None else "prev_post_gate"
         raise ValueError(f"{op}: prev_block_output and prev_post_gate must be given together or not at all; got only {only}")
@@ -136,6 +141,25 @@ def _check_shapes(streams, norm_scale, down_weight, up_weight, inject_weight, pr
             raise ValueError(f"{op}: prev_block_output must be (..., H) = {(*lead, H)}; got {prev_block_output.shape}")
         if prev_post_gate.shape != (*lead, C):
             raise ValueError(f"{op}: prev_post_gate must be (..., C) = {(*lead, C)}; got {prev_post_gate.shape}")
+
+
+def _check_shapes(streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate, C):
+    """Validates shapes and dtypes like the kernels do; returns (H, R)."""
+    op = OP_TYPE
+    given = dict(zip(INPUTS, (streams, norm_scale, down_weight, up_weight, inject_weight, prev_block_output, prev_post_gate)))
+    dtype = check_required(op, given, INPUTS[:NUM_REQUIRED_INPUTS])
+    check_dtypes(op, given, INPUTS, dtype)
+    width, H = check_streams(op, streams, C)
+    if norm_scale.shape != (width,):
+        raise ValueError(f"{op}: norm_scale must be (C*H,) = ({width},); got {norm_scale.shape}")
+    if down_weight.ndim != 2 or down_weight.shape[0] != width or down_weight.shape[1] < 1:
+        raise ValueError(f"{op}: down_weight must be (C*H, R) = ({width}, R) with R >= 1; got {down_weight.shape}")
+    R = down_weight.shape[1]
+    if up_weight.shape != (R, width):
+        raise ValueError(f"{op}: up_weight must be (R, C*H) = ({R}, {width}); got {up_weight.shape}")
+    if inject_weight.shape != (width, C):
+        raise ValueError(f"{op}: inject_weight must be (C*H, C) = ({width}, {C}); got {inject_weight.shape}")
+    check_prologue(op, streams, H, C, prev_block_output, prev_post_gate)
     return H, R
 
 

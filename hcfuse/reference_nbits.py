@@ -30,7 +30,7 @@ from hcfuse._op_nbits import (
     STREAMS,
     UP,
 )
-from hcfuse.reference import SUPPORTED_DTYPES, steps_f32_weights
+from hcfuse.reference import check_dtypes, check_prologue, check_required, check_streams, steps_f32_weights
 
 _F32 = np.float32
 
@@ -107,21 +107,9 @@ def _check_quantized(where: str, proj, given: dict, dtype, K: int, N: int, bits:
 def _check_shapes(given: dict, C, bits, block_size) -> tuple[int, int]:
     """Validates every shape and type rule of the op, naming the input; returns (H, R)."""
     op = OP_TYPE
-    missing = [INPUTS[i] for i in REQUIRED_INPUTS if given[INPUTS[i]] is None]
-    if missing:
-        raise ValueError(f"{op}: required input(s) {', '.join(missing)} missing (got None)")
+    dtype = check_required(op, given, [INPUTS[i] for i in REQUIRED_INPUTS])
     streams = given[INPUTS[STREAMS]]
-    dtype = streams.dtype
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{op}: streams must be float32, float16 or bfloat16; got {dtype}")
-    if not isinstance(C, (int, np.integer)) or C <= 0:
-        raise ValueError(f"{op}: attribute num_branches must be a positive integer; got {C!r}")
-    if streams.ndim < 1:
-        raise ValueError(f"{op}: streams must have rank >= 1 (..., C*H); got a scalar")
-    width = streams.shape[-1]
-    if width == 0 or width % C:
-        raise ValueError(f"{op}: the last dim of streams (C*H = {width}) must be a positive multiple of num_branches = {C}")
-    H = width // C
+    width, H = check_streams(op, streams, C)
     quantized = {}
     for proj in (DOWN_INJECT, UP):
         weight = given[INPUTS[proj.weight]]
@@ -140,10 +128,7 @@ def _check_shapes(given: dict, C, bits, block_size) -> tuple[int, int]:
     problem = _op_nbits.bits_problem(bits) or _op_nbits.block_size_problem(block_size)
     if problem:
         raise ValueError(f"{op}: attribute {problem}")
-    for i in (NORM_SCALE, PREV_BLOCK_OUTPUT, PREV_POST_GATE):
-        value = given[INPUTS[i]]
-        if value is not None and value.dtype != dtype:
-            raise TypeError(f"{op}: {INPUTS[i]} must have the dtype of streams ({dtype}); got {value.dtype}")
+    check_dtypes(op, given, [INPUTS[i] for i in (NORM_SCALE, PREV_BLOCK_OUTPUT, PREV_POST_GATE)], dtype)
     norm_scale = given[INPUTS[NORM_SCALE]]
     if norm_scale.shape != (width,):
         raise ValueError(f"{op}: norm_scale must be (C*H,) = ({width},); got {norm_scale.shape}")
@@ -167,16 +152,7 @@ def _check_shapes(given: dict, C, bits, block_size) -> tuple[int, int]:
         raise ValueError(f"{op}: up_weight must be (R, C*H) = ({R}, {width}) (R from down_inject_weight); "
                          f"got {up.shape}")
 
-    prev_block_output, prev_post_gate = given[INPUTS[PREV_BLOCK_OUTPUT]], given[INPUTS[PREV_POST_GATE]]
-    if (prev_block_output is None) != (prev_post_gate is None):
-        only = "prev_block_output" if prev_post_gate is None else "prev_post_gate"
-        raise ValueError(f"{op}: prev_block_output and prev_post_gate must be given together or not at all; got only {only}")
-    lead = streams.shape[:-1]
-    if prev_block_output is not None:
-        if prev_block_output.shape != (*lead, H):
-            raise ValueError(f"{op}: prev_block_output must be (..., H) = {(*lead, H)}; got {prev_block_output.shape}")
-        if prev_post_gate.shape != (*lead, C):
-            raise ValueError(f"{op}: prev_post_gate must be (..., C) = {(*lead, C)}; got {prev_post_gate.shape}")
+    check_prologue(op, streams, H, C, given[INPUTS[PREV_BLOCK_OUTPUT]], given[INPUTS[PREV_POST_GATE]])
     return H, R
 
 
