@@ -12,7 +12,15 @@ from onnx.shape_inference import InferenceError
 from hcfuse import _op_nbits
 from hcfuse._op_nbits import DOMAIN, INPUTS, OP_TYPE, OUTPUTS, SINCE_VERSION, attribute_defaults
 from hcfuse.models.nbits import make_nbits_node_model, random_nbits_weights
-from hcfuse.shapes.nbits_schema import deregister_schema, make_schema, register_schema
+from hcfuse.shapes import nbits_schema
+from hcfuse.shapes.nbits_schema import make_schema, register_schema
+from tests.op._schema_support import (
+    check_names,
+    check_registration_round_trip,
+    clean_registry_fixture,
+    expect,
+    infer_outputs,
+)
 
 F32, F16, BF16, U8 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.UINT8
 C, H, R, BS = 2, 16, 8, 16
@@ -25,20 +33,7 @@ QUANTIZED = {
 DENSE = {"down_inject_weight": (None, [W, R + C]), "up_weight": (None, [R, W])}
 
 
-def _registered() -> bool:
-    return onnx.defs.has(OP_TYPE, SINCE_VERSION, DOMAIN)
-
-
-@pytest.fixture(autouse=True)
-def clean_registry():
-    """Each test starts without the schema (import hcfuse registered it) and gets the import state back."""
-    was_registered = _registered()
-    deregister_schema()
-    assert not _registered()
-    yield
-    deregister_schema()
-    if was_registered:
-        register_schema()
+clean_registry = clean_registry_fixture(nbits_schema, _op_nbits)
 
 
 def _inputs(quantized=("down_inject", "up"), streams=("b", "s", W), prologue=False, elem=F16, **overrides):
@@ -65,13 +60,7 @@ def _node(names, n_outputs=2, **attrs) -> onnx.NodeProto:
 
 
 def _infer(names, types, n_outputs=2, **attrs) -> dict[str, onnx.TypeProto]:
-    got = onnx.shape_inference.infer_node_outputs(make_schema(), _node(names, n_outputs, **attrs), types)
-    got.pop("", None)
-    return got
-
-
-def _expect(elem, *shapes) -> dict[str, onnx.TypeProto]:
-    return {OUTPUTS[i]: helper.make_tensor_type_proto(elem, s) for i, s in enumerate(shapes)}
+    return infer_outputs(make_schema(), _node(names, n_outputs, **attrs), types)
 
 
 # ---- schema and registration ------------------------------------------------------------------
@@ -79,9 +68,7 @@ def _expect(elem, *shapes) -> dict[str, onnx.TypeProto]:
 
 def test_schema_matches_op_constants():
     schema = make_schema()
-    assert (schema.name, schema.domain, schema.since_version) == (OP_TYPE, DOMAIN, SINCE_VERSION)
-    assert [p.name for p in schema.inputs] == list(INPUTS)
-    assert [p.name for p in schema.outputs] == list(OUTPUTS)
+    check_names(schema, _op_nbits)
     single = onnx.defs.OpSchema.FormalParameterOption.Single
     assert [i for i, p in enumerate(schema.inputs) if p.option == single] == list(_op_nbits.REQUIRED_INPUTS)
     defaults = {n: helper.get_attribute_value(a.default_value) for n, a in schema.attributes.items()
@@ -95,12 +82,7 @@ def test_schema_matches_op_constants():
 
 
 def test_register_is_idempotent_and_deregister_undoes_it():
-    assert register_schema() is True
-    assert register_schema() is False
-    assert onnx.defs.get_schema(OP_TYPE, SINCE_VERSION, DOMAIN).name == OP_TYPE
-    deregister_schema()
-    assert not _registered()
-    deregister_schema()  # a no-op now
+    check_registration_round_trip(nbits_schema, _op_nbits)
 
 
 def test_import_hcfuse_registers_both_ops():
@@ -120,13 +102,13 @@ def test_import_hcfuse_registers_both_ops():
 @pytest.mark.parametrize("prologue", [False, True])
 def test_infers_shapes_and_type(elem, quantized, prologue):
     names, types = _inputs(quantized, prologue=prologue, elem=elem)
-    assert _infer(names, types, 3) == _expect(elem, ["b", "s", H], ["b", "s", C], ["b", "s", W])
+    assert _infer(names, types, 3) == expect(elem, ["b", "s", H], ["b", "s", C], ["b", "s", W])
 
 
 @pytest.mark.parametrize("zp", [(U8, [R + C, 1]), (None, [R + C, 2])], ids=["packed", "T"])
 def test_zero_point_forms(zp):
     names, types = _inputs(streams=(0, W), down_inject_zero_points=zp, up_zero_points=(U8, [W, 1]))
-    assert _infer(names, types) == _expect(F16, [0, H], [0, C])
+    assert _infer(names, types) == expect(F16, [0, H], [0, C])
 
 
 @pytest.mark.parametrize("bits,block_size", [(8, 16), (4, 32), (8, 64)])
@@ -136,14 +118,14 @@ def test_bits_and_block_size_set_blob_and_blocks(bits, block_size):
     names, types = _inputs(("down_inject",), streams=(3, W),
                            down_inject_weight=(U8, [R + C, kb, blob]), down_inject_scales=(None, [R + C, kb]),
                            down_inject_zero_points=(U8, [R + C, _op_nbits.packed_zero_point_cols(kb, bits)]))
-    assert _infer(names, types, bits=bits, block_size=block_size) == _expect(F16, [3, H], [3, C])
+    assert _infer(names, types, bits=bits, block_size=block_size) == expect(F16, [3, H], [3, C])
 
 
 def test_partial_information_fills_what_it_can():
     """Untyped or shapeless weights, symbolic dims of B: no error, outputs as far as known."""
     names, types = _inputs(streams=("n", "w"), norm_scale=(None, None), down_inject_weight=(U8, ["rc", "kb", 8]),
                            up_weight=(U8, None), up_scales=(None, None))
-    assert _infer(names, types, 3) == _expect(F16, ["n", None], ["n", C], ["n", "w"])
+    assert _infer(names, types, 3) == expect(F16, ["n", None], ["n", C], ["n", "w"])
 
 
 def _bad(match, quantized=("down_inject", "up"), attrs=None, **overrides):

@@ -22,7 +22,16 @@ from hcfuse._op import (
     STREAMS,
     attribute_defaults,
 )
-from hcfuse.shapes.schema import deregister_schema, make_schema, register_schema
+from hcfuse import _op
+from hcfuse.shapes import schema as dense_schema
+from hcfuse.shapes.schema import make_schema, register_schema
+from tests.op._schema_support import (
+    check_names,
+    check_registration_round_trip,
+    clean_registry_fixture,
+    expect,
+    infer_outputs,
+)
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 C, H, R = 2, 8, 4
@@ -30,22 +39,7 @@ W = C * H
 WEIGHTS = {"norm_scale": [W], "down_weight": [W, R], "up_weight": [R, W], "inject_weight": [W, C]}
 
 
-def _registered() -> bool:
-    return onnx.defs.has(OP_TYPE, SINCE_VERSION, DOMAIN) and (
-        onnx.defs.get_schema(OP_TYPE, SINCE_VERSION, DOMAIN).since_version == SINCE_VERSION
-    )
-
-
-@pytest.fixture(autouse=True)
-def clean_registry():
-    """Each test starts without the schema (import hcfuse registered it) and gets the import state back."""
-    was_registered = _registered()
-    deregister_schema()
-    assert not _registered()
-    yield
-    deregister_schema()
-    if was_registered:
-        register_schema()
+clean_registry = clean_registry_fixture(dense_schema, _op)
 
 
 def _node(n_outputs: int = 2, prologue: bool = False, **attrs) -> onnx.NodeProto:
@@ -64,13 +58,7 @@ def _types(streams, prologue=None, elem=F32, **overrides) -> dict[str, onnx.Type
 
 
 def _run_case(node: onnx.NodeProto, input_types: dict[str, onnx.TypeProto]) -> dict[str, onnx.TypeProto]:
-    got = onnx.shape_inference.infer_node_outputs(make_schema(), node, input_types)
-    got.pop("", None)  # onnx reports an omitted optional output under "" with T only
-    return got
-
-
-def _expect(elem, *shapes) -> dict[str, onnx.TypeProto]:
-    return {OUTPUTS[i]: helper.make_tensor_type_proto(elem, s) for i, s in enumerate(shapes)}
+    return infer_outputs(make_schema(), node, input_types)
 
 
 # ---- schema and registration ------------------------------------------------------------------
@@ -78,9 +66,7 @@ def _expect(elem, *shapes) -> dict[str, onnx.TypeProto]:
 
 def test_schema_matches_op_constants():
     schema = make_schema()
-    assert (schema.name, schema.domain, schema.since_version) == (OP_TYPE, DOMAIN, SINCE_VERSION)
-    assert [p.name for p in schema.inputs] == list(INPUTS)
-    assert [p.name for p in schema.outputs] == list(OUTPUTS)
+    check_names(schema, _op)
     assert (schema.min_input, schema.max_input, schema.min_output, schema.max_output) == (5, 7, 2, 3)
     assert schema.attributes["num_branches"].required
     defaults = {n: a.default_value.f for n, a in schema.attributes.items() if n != "num_branches"}
@@ -124,12 +110,7 @@ def test_inputs_and_outputs_have_the_shapes_onnxruntime_states():
 
 
 def test_register_is_idempotent_and_deregister_undoes_it():
-    assert register_schema() is True
-    assert _registered()
-    assert register_schema() is False  # a second import
-    deregister_schema()
-    assert not _registered()
-    deregister_schema()  # no-op when absent
+    check_registration_round_trip(dense_schema, _op)
 
 
 def test_register_keeps_a_schema_onnx_already_knows():
@@ -170,30 +151,30 @@ def test_register_keeps_a_schema_onnx_already_knows():
 )  # fmt: skip
 def test_infers_shapes_and_type(elem, streams, prologue, n_out, expected):
     got = _run_case(_node(n_out, prologue is not None), _types(streams, prologue, elem))
-    assert got == _expect(elem, *expected)
+    assert got == expect(elem, *expected)
 
 
 def test_symbolic_width_takes_h_from_the_weights():
     got = _run_case(_node(3), _types(["batch", "w"]))
-    assert got == _expect(F32, ["batch", H], ["batch", C], ["batch", W])
+    assert got == expect(F32, ["batch", H], ["batch", C], ["batch", W])
 
 
 def test_symbolic_width_and_weights_leave_h_unknown():
     unknown = {name: [f"{name}_{k}" for k in range(len(s))] for name, s in WEIGHTS.items()}
     got = _run_case(_node(3), _types(["batch", "w"], **unknown))
-    assert got == _expect(F32, ["batch", None], ["batch", C], ["batch", "w"])
+    assert got == expect(F32, ["batch", None], ["batch", C], ["batch", "w"])
 
 
 def test_width_known_only_from_prev_block_output():
     unknown = dict.fromkeys(WEIGHTS)
     got = _run_case(_node(3, prologue=True), _types(["b", "w"], (["b", H], ["b", "c"]), **unknown))
-    assert got == _expect(F32, ["b", H], ["b", C], ["b", W])
+    assert got == expect(F32, ["b", H], ["b", C], ["b", W])
 
 
 def test_shapeless_weights_and_omitted_optional_output():
     node = helper.make_node(OP_TYPE, [*INPUTS[:5], "", ""], [*OUTPUTS[:2], ""], domain=DOMAIN, num_branches=C)
     got = _run_case(node, _types([3, W], **dict.fromkeys(WEIGHTS)))
-    assert got == _expect(F32, [3, H], [3, C])
+    assert got == expect(F32, [3, H], [3, C])
 
 
 # ---- contradictions -------------------------------------------------------------------------
