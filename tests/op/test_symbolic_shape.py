@@ -10,11 +10,13 @@ from onnx import TensorProto, helper
 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
 import hcfuse
+from hcfuse import _op_nbits
 from hcfuse._op import BRANCH_NORM, DOMAIN, OP_TYPE, POST_MIX, PRE_MIX, PREV_POST_GATE, SCALED_SILU, WEIGHT_INPUTS
 from hcfuse.shapes.ort_symbolic_shape import (
     HcSymbolicShapeInference,
     IncompleteShapeInferenceError,
     infer_hc_lowrank_mix,
+    infer_hc_lowrank_mix_nbits,
     register_with_ort,
 )
 from hcfuse.shapes.schema import deregister_schema, register_schema
@@ -305,9 +307,11 @@ def test_opset_below_7_is_an_error():
 # ---- ORT's own entry points -------------------------------------------------------------------
 
 
-def test_handler_is_ours_in_the_subclass_and_only_inside_register_with_ort():
+@pytest.mark.parametrize("op_type, handler", [(OP_TYPE, infer_hc_lowrank_mix),
+                                              (_op_nbits.OP_TYPE, infer_hc_lowrank_mix_nbits)], ids=["dense", "nbits"])
+def test_handler_is_ours_in_the_subclass_and_only_inside_register_with_ort(op_type, handler):
     def ours(ssi):
-        return getattr(ssi.dispatcher_.get(OP_TYPE), "func", None) is infer_hc_lowrank_mix
+        return getattr(ssi.dispatcher_.get(op_type), "func", None) is handler
 
     assert ours(HcSymbolicShapeInference(2**31 - 1, True, False, 0))
     assert not ours(SymbolicShapeInference(2**31 - 1, True, False, 0))
