@@ -21,8 +21,8 @@ import hcfuse
 from hcfuse.checking.verification import PASSED, verify
 from hcfuse.models.qwen_decode import make_decode_model
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("olive") is None,
-                                reason="olive-ai is not installed (pip install 'hcfuse[olive]')")
+HAVE_OLIVE = importlib.util.find_spec("olive") is not None
+needs_olive = pytest.mark.skipif(not HAVE_OLIVE, reason="olive-ai is not installed (pip install 'hcfuse[olive]')")
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "OLIVE.md"
 BLOCKS = 2  # make_decode_model's blocks: one fused node each
@@ -49,6 +49,7 @@ def _passed(original, fused) -> None:
     assert result.status == PASSED, result
 
 
+@needs_olive
 def test_the_launcher_runs_the_fusion_config(tmp_path):
     config = _doc_configs()[0]
     original = _stock_model(tmp_path)
@@ -66,7 +67,9 @@ def test_the_launcher_runs_the_fusion_config(tmp_path):
     _passed(original, fused)
 
 
-def test_int4_quantization_then_fusion_gives_the_quantized_op(tmp_path, monkeypatch):
+@needs_olive
+@pytest.mark.parametrize("symmetric", [True, False])  # without and with (packed uint8) zero points
+def test_int4_quantization_then_fusion_gives_the_quantized_op(tmp_path, monkeypatch, symmetric):
     import olive.workflows
 
     import hcfuse.integrations.olive  # noqa: F401 - registers the surgeon
@@ -75,6 +78,7 @@ def test_int4_quantization_then_fusion_gives_the_quantized_op(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     _stock_model(tmp_path)
     config = _doc_configs()[1]
+    config["passes"]["int4"]["is_symmetric"] = symmetric
     quantized = tmp_path / "olive-out-quantized" / "model.onnx"
     fused = tmp_path / config["output_dir"] / "model.onnx"
     # olive.workflows.run takes the dict it is given apart: each run gets its own copy
@@ -89,6 +93,7 @@ def test_int4_quantization_then_fusion_gives_the_quantized_op(tmp_path, monkeypa
     _passed(quantized, fused)
 
 
+@needs_olive
 def test_a_model_without_blocks_passes_through_unchanged(tmp_path):
     from hcfuse.integrations.olive import HcLowRankMixFusion
 
@@ -100,3 +105,9 @@ def test_a_model_without_blocks_passes_through_unchanged(tmp_path):
     out = HcLowRankMixFusion()(model)  # the call GraphSurgeries makes
     assert [(node.op_type, list(node.input), list(node.output)) for node in out.graph.node] == [("Relu", ["x"], ["y"])]
     assert {opset.domain for opset in out.opset_import} == {""}
+
+
+@pytest.mark.skipif(HAVE_OLIVE, reason="olive-ai is installed")
+def test_without_olive_the_import_says_what_to_install():
+    with pytest.raises(ImportError, match=r'pip install "hcfuse\[olive\]"'):
+        importlib.import_module("hcfuse.integrations.olive")
