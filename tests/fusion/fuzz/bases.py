@@ -4,8 +4,10 @@ the locator of each block's nodes and values.
 Forms (random_form): the stock contrib-op chain of models/qwen_decode.py's builder (separate or packed
 MatMul + Split, with and without a prologue in front of block 0), the same blocks as onnxruntime-genai's
 standard-ONNX expansion (models/genai_expansion.py), or as onnxruntime's mobius exporter writes them
-(models/mobius_block.py: opset 24, the float32 norm, a PLE Add, a token mask). The block mutations act on
-the contrib-op form; the whole-model ones (shapes stripped, functions, If, names, a second chain, the node
+(models/mobius_block.py: opset 24, the float32 norm, a PLE Add, a token mask), or the contrib-op chain
+quantized as onnxruntime-genai's int4 builds are (models/quantized.py: MatMulNBits projections, some left
+dense, some of a block quantized otherwise than the rest). The block mutations act on the contrib-op form
+(the nbits ones on the quantized form's MatMulNBits); the whole-model ones (shapes stripped, functions, If, names, a second chain, the node
 order) on every form."""
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from hcfuse.models.mobius_block import build_mobius_model
 from hcfuse.models.qwen_decode import make_decode_model
 
 DTYPES = (np.float32, np.float16)
-CONTRIB, GENAI_EXPANSION, MOBIUS = "contrib", "genai_expansion", "mobius"
-FORMS = {CONTRIB: 0.9, GENAI_EXPANSION: 0.05, MOBIUS: 0.05}  # form -> share of the mutants
+CONTRIB, GENAI_EXPANSION, MOBIUS, QUANTIZED = "contrib", "genai_expansion", "mobius", "quantized"
+FORMS = {CONTRIB: 0.78, QUANTIZED: 0.12, GENAI_EXPANSION: 0.05, MOBIUS: 0.05}  # form -> share of the mutants
+PROJECTION = "_hyper_connection/"  # in the name of every projection MatMul of a block (models/quantized.py)
 MOBIUS_OPTIONS = ("epsilon", "final_mix", "premix_in", "ple_before", "token_mask")
 
 
@@ -44,12 +47,14 @@ class Base:
     prologue_first: bool  # block 0 gets a prologue reading graph inputs
     opset: int = 21  # of the default domain (Split takes its sizes as an input from 13 on)
     form: str = CONTRIB
+    quant: tuple = ()  # the quantized form's quantize_model passes: (options, seed of the projections it takes)
 
     def describe(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         return (f"{self.form} {self.num_blocks} blocks C={self.C} H={self.H} R={self.R} {np.dtype(self.dtype).name} "
                 f"{'packed' if self.packed else 'separate'} lead={self.leading_dims}->{self.lead} "
-                f"{'prologue-first ' if self.prologue_first else ''}opset {self.opset} {opts}")
+                f"{'prologue-first ' if self.prologue_first else ''}opset {self.opset} {opts}"
+                + "".join(f"; quantized {','.join(f'{k}={v}' for k, v in o.items())}" for o, _ in self.quant))
 
 
 def random_base(rng: np.random.Generator) -> Base:
@@ -95,6 +100,13 @@ def random_form(base: Base, rng: np.random.Generator) -> Base:
     form = str(rng.choice(list(FORMS), p=list(FORMS.values())))
     if form == CONTRIB:
         return base
+    if form == QUANTIZED:
+        # a second pass: not over shared weights (the quantizer names B after the weight, so the passes' collide)
+        second = rng.random() < 0.25 and "num_weight_sets" not in base.options
+        passes = (_quantizer_options(rng), *([_quantizer_options(rng)] if second else ()))
+        options = {**base.options, "weights_as_inputs": False}  # the quantizer takes initializer weights only
+        return dataclasses.replace(base, options=options, form=form,
+                                   quant=tuple((o, int(rng.integers(2**31))) for o in passes))
     if form == MOBIUS:
         lead = tuple(int(rng.integers(1, 4)) for _ in MOBIUS_TOKENS)
         options = {"epsilon": base.options.get("epsilon") or 1e-6, "final_mix": True,
@@ -114,6 +126,52 @@ def random_form(base: Base, rng: np.random.Generator) -> Base:
                                prologue_first=False, opset=max(base.opset, 18), form=form)
 
 
+def _quantizer_options(rng: np.random.Generator) -> dict:
+    """quantize_model's options: onnxruntime's CPU MatMulNBits takes zero points of T with 4 bits only."""
+    bits, symmetric = int(rng.choice([4, 8])), bool(rng.random() < 0.5)
+    return {"bits": bits, "block_size": int(rng.choice([16, 32, 64])), "symmetric": symmetric,
+            "zp_form": "T" if not symmetric and bits == 4 and rng.random() < 0.4 else None,
+            "accuracy_level": int(rng.choice([0, 4]))}
+
+
+def _quantize(model: ir.Model, base: Base) -> ir.Model:
+    """base's quantize_model passes over model: each takes the projections its seed draws among those still
+    MatMul (the first pass leaves about one in six dense, a second pass quantizes about half of what the first
+    took otherwise); the sublayer's MatMul goes with the first pass."""
+    from hcfuse.models.quantized import quantize_model
+
+    names = sorted(n.name for n in model.graph if n.op_type == "MatMul" and PROJECTION in n.name)
+    proto = ir.to_proto(model)
+    dense = set(names)
+    for k, (options, seed) in enumerate(base.quant):
+        rng = np.random.default_rng(seed)
+        share = 5 / 6 if k == 0 else 1.0
+        taken = {n for n in names if rng.random() < share} & dense
+        if k == 0 and len(base.quant) > 1:
+            taken = {n for n in taken if rng.random() < 0.5}  # the second pass's share, quantized otherwise
+        proto = quantize_model(proto, exclude=sorted(set(names) - taken), **options)
+        dense -= taken
+    return ir.from_proto(proto)
+
+
+def quantized_unfusable(model) -> int:
+    """Blocks of a quantized base (an onnx model) that the pass leaves unfused by docs/QUANTIZED.md: separate
+    down and inject with only one of them quantized, or quantized projections disagreeing on bits, block_size
+    or accuracy_level."""
+    by_block: dict[str, list] = {}
+    for node in model.graph.node:
+        if PROJECTION in node.name and node.op_type in ("MatMul", "MatMulNBits"):
+            by_block.setdefault(node.name.split(PROJECTION)[0], []).append(node)
+    unfusable = 0
+    for nodes in by_block.values():
+        nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
+        attrs = {tuple(next((a.i for a in n.attribute if a.name == name), default)
+                       for name, default in (("bits", 4), ("block_size", 0), ("accuracy_level", 0))) for n in nbits}
+        halves = [n.op_type for n in nodes if "input_mix_weight_down/" in n.name or "block_inject_weight/" in n.name]
+        unfusable += len(attrs) > 1 or len(set(halves)) > 1
+    return unfusable
+
+
 def build(base: Base) -> ir.Model:
     if base.form == MOBIUS:
         options = {k: v for k, v in base.options.items() if k in MOBIUS_OPTIONS}
@@ -131,7 +189,7 @@ def build(base: Base) -> ir.Model:
     model.opset_imports[""] = base.opset
     if base.prologue_first:
         _add_leading_prologue(model, base)
-    return model
+    return _quantize(model, base) if base.quant else model
 
 
 def _add_leading_prologue(model: ir.Model, base: Base) -> None:
@@ -153,10 +211,14 @@ def _add_leading_prologue(model: ir.Model, base: Base) -> None:
             user.replace_input_with(index, s)
 
 
-def _users(value: ir.Value | None, op_type: str) -> list[ir.Node]:
+_PROJECTIONS = ("MatMul", "MatMulNBits")  # a projection of the chain, dense or quantized
+
+
+def _users(value: ir.Value | None, op_type: str | tuple) -> list[ir.Node]:
     if value is None:
         return []
-    return [user for user, _ in value.uses() if user.op_type == op_type]
+    types = (op_type,) if isinstance(op_type, str) else op_type
+    return [user for user, _ in value.uses() if user.op_type in types]
 
 
 def _first(nodes: list):
@@ -173,7 +235,7 @@ def _in(node: ir.Node | None, index: int) -> ir.Value | None:
 
 def blocks(model: ir.Model) -> list[dict]:
     """Per BranchwiseRMSNorm (graph order), the block's nodes and values by role, best effort: a role a
-    mutation already broke is None (or missing)."""
+    mutation already broke is None (or missing). A quantized projection is its MatMulNBits (weight: its B)."""
     found = []
     for norm in model.graph:
         if norm.op_type != _op.BRANCH_NORM:
@@ -181,7 +243,7 @@ def blocks(model: ir.Model) -> list[dict]:
         b = {"norm": norm, "hn": _out(norm), "streams": _in(norm, 0), "scale": _in(norm, 1)}
         producer = b["streams"].producer() if b["streams"] is not None else None
         b["post"] = producer if producer is not None and producer.op_type == _op.POST_MIX else None
-        matmuls = _users(b["hn"], "MatMul")
+        matmuls = _users(b["hn"], _PROJECTIONS)
         split = None
         for mm in matmuls:
             split = split or _first(_users(_out(mm), "Split"))
@@ -196,7 +258,7 @@ def blocks(model: ir.Model) -> list[dict]:
                      down_w=_in(b["down_mm"], 1), inject_w=_in(b["inject_mm"], 1))
         b["silu"] = _first(_users(b["down"], _op.SCALED_SILU))
         b["d"] = _out(b["silu"])
-        b["up_mm"] = _first(_users(b["d"], "MatMul"))
+        b["up_mm"] = _first(_users(b["d"], _PROJECTIONS))
         b["up_w"], b["up"] = _in(b["up_mm"], 1), _out(b["up_mm"])
         b["up_sig"] = _first(_users(b["up"], "Sigmoid"))
         b["g"] = _out(b["up_sig"])

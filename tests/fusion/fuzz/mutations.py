@@ -25,6 +25,7 @@ from tests.fusion.fuzz.edits import (
     set_attr,
     unknown_dims,
 )
+from tests.fusion.fuzz.nbits import nbits
 from tests.fusion.fuzz.whole_model import in_function, in_if, node_names, strip_shapes, two_chains
 
 __all__ = ["MUTATIONS", "Context"]
@@ -337,30 +338,38 @@ def replace_op(model, ctx):
 
 
 def split_change(model, ctx):
-    """The packed Split changed: sizes swapped, a third output, num_outputs instead of sizes (opset 18+),
-    or an equivalent positive axis."""
+    """The packed Split changed: sizes swapped (runnable where R == C), a third output of a wider weight,
+    num_outputs instead of sizes (opset 18+), or an equivalent positive axis."""
     b = ctx.block(model, ("split",))
     if b is None:
         return None
     split, R, C = b["split"], ctx.base.R, ctx.base.C
-    form = ctx.pick(["swapped", "three", "num_outputs", "positive_axis", "other_sizes"])
+    # num_outputs: Split's from opset 18 (onnx.checker refuses it before)
+    form = ctx.pick(["swapped", "three", "num_outputs" if ctx.base.opset >= 18 else None, "positive_axis"])
     if form == "num_outputs":
+        if len(split.outputs) != 2:  # (onnxruntime's Split aborts on 3 outputs of num_outputs 2)
+            return None
         split.resize_inputs(1)
         set_attr(split, "num_outputs", 2)
     elif form == "positive_axis":
         set_attr(split, "axis", len(ctx.base.leading_dims))
-    elif form == "three":
-        if C < 2:
+    elif form == "three":  # the packed weight one column wider, the third output unused
+        mm, weight = b["packed_mm"], b.get("packed_w")
+        tensor = None if weight is None or mm.op_type != "MatMul" else ir.convenience.get_const_tensor(weight)
+        if tensor is None:
             return None
+        array = np.asarray(tensor.numpy())
+        column = random_like(ctx, (array.shape[0], 1), array.shape[0] ** -0.5)
+        mm.replace_input_with(1, initializer(model, ctx.name("packed_w3"), np.concatenate([array, column], 1)))
+        mm.outputs[0].shape = None
         split.resize_inputs(2)
-        split.replace_input_with(1, initializer(model, ctx.name("sizes3"), np.array([R, C - 1, 1], np.int64)))
-        extra = ir.Value(name=ctx.name("split_extra"), type=b["inject"].type, shape=None)
+        split.replace_input_with(1, initializer(model, ctx.name("sizes3"), np.array([R, C, 1], np.int64)))
+        set_attr(split, "num_outputs", None)
         split.resize_outputs(3)
-        split.outputs[2].name = extra.name
+        split.outputs[2].name = ctx.name("split_extra")
     else:
-        sizes = [C, R] if form == "swapped" else [R - 1, C + 1] if R > 1 else [R + 1, C - 1]
         split.resize_inputs(2)
-        split.replace_input_with(1, initializer(model, ctx.name("sizes"), np.array(sizes, np.int64)))
+        split.replace_input_with(1, initializer(model, ctx.name("sizes"), np.array([C, R], np.int64)))
     return f"split_change:{form}"
 
 
@@ -560,6 +569,6 @@ MUTATIONS = {
     f.__name__: f
     for f in (swap_inputs, attr_change, grouped_form, const_shape, const_nonconst, overridable, norm_layout, extra_consumer,
               extra_output, replace_op, split_change, shared_weight, transposed_weight, wrong_producer,
-              name_clash, strip_shapes, postmix_form, in_function, in_if, node_names, two_chains, lying_shapes)
+              name_clash, strip_shapes, postmix_form, in_function, in_if, node_names, two_chains, lying_shapes, nbits)
 }
 

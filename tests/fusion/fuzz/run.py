@@ -2,7 +2,8 @@
 
 A mutant passes when hcfuse.optimize_with_report raises nothing, the optimized model is a valid model
 that onnxruntime runs on the same feeds (overridable initializers fed with other values than their
-defaults), and every output of the original agrees within hcfuse.checking.verification's ulp bound of T; a
+defaults), and every output of the original agrees within hcfuse.checking.verification's ulp bound of T
+(default_max_ulp: the int8-activation bound where a fused quantized block's MatMulNBits had accuracy_level 4); a
 block the pass left unfused is fine (the reasons are counted). Anything else is a finding.
 
 Three in ten mutants also have their main graph's nodes shuffled (node_order, after every other mutation):
@@ -32,9 +33,9 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from hcfuse import _op
-from hcfuse.checking.verification import DEFAULT_MAX_ULP, ulp_gap
-from tests.fusion.fuzz.bases import CONTRIB, Base, build, random_base, random_form
-from tests.fusion.fuzz import node_order
+from hcfuse.checking.verification import DEFAULT_MAX_ULP, default_max_ulp, ulp_gap
+from tests.fusion.fuzz.bases import CONTRIB, QUANTIZED, Base, build, quantized_unfusable, random_base, random_form
+from tests.fusion.fuzz import nbits, node_order
 from tests.fusion.fuzz.mutations import MUTATIONS, Context
 
 # mutations per mutant: mostly one, some none (the valid base: every block must fuse), some several
@@ -45,6 +46,7 @@ FINDINGS = ("raised", "invalid_model", "ort_error", "mismatch", "missed_base", "
 KINDS = (*MUTATIONS, node_order.KIND)  # what exclude and --only name
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 BFLOAT16_SHARE = 0.1
+NBITS_SHARE = 0.5  # of a quantized mutant's mutations: those of its MatMulNBits (the other kinds barely reach them)
 
 
 @dataclasses.dataclass
@@ -112,6 +114,8 @@ def make_mutant(seed: int, index: int, exclude: tuple = (), dtype=None) -> Mutan
         if len(labels) == wanted:
             break
         kind = kinds[int(rng.integers(len(kinds)))]
+        if base.form == QUANTIZED and nbits.KIND in kinds and rng.random() < NBITS_SHARE:
+            kind = nbits.KIND
         try:
             label = MUTATIONS[kind](model, ctx)
         except Exception as e:  # a defect of the fuzz itself: say which mutant, after which mutations
@@ -259,6 +263,7 @@ def check(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
         actual = _run(optimized, feeds, options)
     except Exception as e:  # noqa: BLE001
         return dataclasses.replace(out, status="ort_error", detail=_first_line(e))
+    bounds = default_max_ulp(ir.from_proto(optimized), "CPUExecutionProvider")[0] if out.fused else DEFAULT_MAX_ULP
     for name, a in expected.items():
         b = actual.get(name)
         if b is None or b.shape != a.shape or b.dtype != a.dtype:
@@ -266,17 +271,18 @@ def check(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
             return dataclasses.replace(out, status="mismatch", detail=f"output {name!r} {a.dtype}{list(a.shape)}: "
                                                                       f"optimized gives {found}")
         dtype = ir.DataType.from_numpy(a.dtype)
-        gap = ulp_gap(a, b, dtype) if dtype in DEFAULT_MAX_ULP else float(0 if np.array_equal(a, b) else np.inf)
-        bound = DEFAULT_MAX_ULP.get(dtype, 0.0)
+        gap = ulp_gap(a, b, dtype) if dtype in bounds else float(0 if np.array_equal(a, b) else np.inf)
+        bound = bounds.get(dtype, 0.0)
         if not gap <= bound:
             diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
             return dataclasses.replace(out, status="mismatch", detail=f"output {name!r}: {gap:g} ulp > {bound:g} "
                                                                       f"(max abs diff {diff:.3g}); fused {out.fused}")
-    if not mutant.mutated and out.fused != blocks and not _packed_weight_inputs(mutant.base):
+    fusable = fusable_blocks(mutant, blocks)
+    if not mutant.mutated and out.fused != fusable and not _packed_weight_inputs(mutant.base):
         return dataclasses.replace(out, status="missed_base", detail=f"unmutated base: {out.fused} of {blocks} "
-                                                                     f"blocks fused; {out.rejections}")
+                                                                     f"blocks fused ({fusable} fusable); {out.rejections}")
     left = [r for r in out.rejections if " not fused: " not in r]  # "prologue not fused: ...": a fused block
-    if mutant.base.form != CONTRIB:  # a block in standard ONNX is several candidates, each with its reason
+    if mutant.base.form not in (CONTRIB, QUANTIZED):  # a block in standard ONNX is several candidates, each with its reason
         if out.fused < blocks and not left:
             return dataclasses.replace(out, status="report_gap", detail=f"{blocks - out.fused} of {blocks} blocks "
                                                                         f"left unfused without a reason")
@@ -336,6 +342,12 @@ def _structure_problem(mutant: Mutant, optimized: onnx.ModelProto, out: Outcome)
             return dataclasses.replace(out, status="order_dependent", detail=f"shuffled {out.fused} fused "
                                        f"{out.rejections}; unshuffled {sorted_decisions}")
     return None
+
+
+def fusable_blocks(mutant: Mutant, blocks: int) -> int:
+    """Of an unmutated base's blocks, those the pass must fuse: all but the quantized form's blocks that
+    docs/QUANTIZED.md leaves unfused (bases.quantized_unfusable)."""
+    return blocks - (quantized_unfusable(mutant.model) if mutant.base.form == QUANTIZED else 0)
 
 
 def _packed_weight_inputs(base: Base) -> bool:
