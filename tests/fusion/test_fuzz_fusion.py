@@ -16,7 +16,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from hcfuse import _op
+from hcfuse import _op, _op_nbits
 from hcfuse.rewrite import FusionReport
 from tests.fusion.fuzz import bases, node_order, run
 from tests.fusion.fuzz.mutations import MUTATIONS
@@ -223,3 +223,39 @@ def test_check_reports_a_pass_that_depends_on_the_node_order(hcfuse_lib, monkeyp
     monkeypatch.setattr(run, "_optimize", sorted_models_only)
     outcome = run.check(mutant, run.session_options(hcfuse_lib))
     assert outcome.status in ("order_dependent", "report_gap"), outcome.describe()
+
+
+def _fused_quantized_mutant(accuracy_level: int) -> run.Mutant:
+    """The first unmutated, unshuffled float quantized base of seed 0 whose first pass has accuracy_level."""
+    for index in range(600):
+        mutant = run.make_mutant(0, index, exclude=run.KINDS)
+        if (mutant.base.form == bases.QUANTIZED and mutant.twin is None and len(mutant.base.quant) == 1
+                and mutant.base.quant[0][0]["accuracy_level"] == accuracy_level):
+            return mutant
+    raise AssertionError(f"no quantized base of accuracy_level {accuracy_level} in 600 mutants")
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_check_reports_a_wrong_quantized_fusion(hcfuse_lib, monkeypatch, accuracy_level):
+    """A fused quantized block whose up scales are halved fails the check, also where accuracy_level 4 takes
+    the int8-activation bound (which this error stays within: the original at accuracy_level 0 catches it)."""
+    mutant = _fused_quantized_mutant(accuracy_level)
+    options = run.session_options(hcfuse_lib)
+    outcome = run.check(mutant, options)
+    assert outcome.status == "ok" and outcome.fused, outcome.describe()
+    optimize = run._optimize
+
+    def wrong(model):
+        fused, report = optimize(model)
+        work = ir.from_proto(fused)
+        node = next(n for n in work.graph if n.op_type == _op_nbits.OP_TYPE and n.inputs[_op_nbits.UP_SCALES])
+        scales = node.inputs[_op_nbits.UP_SCALES]
+        halved = ir.Value(name=scales.name + ".halved", type=scales.type, shape=scales.shape,
+                          const_value=ir.tensor(scales.const_value.numpy() * 0.5, name=scales.name + ".halved"))
+        work.graph.register_initializer(halved)
+        node.replace_input_with(_op_nbits.UP_SCALES, halved)
+        return ir.to_proto(work), report
+
+    monkeypatch.setattr(run, "_optimize", wrong)
+    outcome = run.check(mutant, options)
+    assert outcome.status == "mismatch" and "ulp >" in outcome.detail, outcome.describe()

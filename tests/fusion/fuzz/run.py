@@ -264,19 +264,19 @@ def check(mutant: Mutant, options: ort.SessionOptions) -> Outcome:
     except Exception as e:  # noqa: BLE001
         return dataclasses.replace(out, status="ort_error", detail=_first_line(e))
     bounds = default_max_ulp(ir.from_proto(optimized), "CPUExecutionProvider")[0] if out.fused else DEFAULT_MAX_ULP
-    for name, a in expected.items():
-        b = actual.get(name)
-        if b is None or b.shape != a.shape or b.dtype != a.dtype:
-            found = "missing" if b is None else f"{b.dtype}{list(b.shape)}"
-            return dataclasses.replace(out, status="mismatch", detail=f"output {name!r} {a.dtype}{list(a.shape)}: "
-                                                                      f"optimized gives {found}")
-        dtype = ir.DataType.from_numpy(a.dtype)
-        gap = ulp_gap(a, b, dtype) if dtype in bounds else float(0 if np.array_equal(a, b) else np.inf)
-        bound = bounds.get(dtype, 0.0)
-        if not gap <= bound:
-            diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
-            return dataclasses.replace(out, status="mismatch", detail=f"output {name!r}: {gap:g} ulp > {bound:g} "
-                                                                      f"(max abs diff {diff:.3g}); fused {out.fused}")
+    problem = _output_gap(expected, actual, bounds)
+    if problem is None and bounds != DEFAULT_MAX_ULP:
+        # the int8-activation bound hides a wrong weight (a sign-flipped scale moves the outputs by a third of
+        # their scale): both models with fp32 activations (every MatMulNBits, the unfused ones too, at
+        # accuracy_level 0) must also agree at the dense bounds
+        try:
+            dense = [_run(_accuracy_level_0(m), feeds, options) for m in (mutant.model, optimized)]
+        except Exception as e:  # noqa: BLE001
+            return dataclasses.replace(out, status="ort_error", detail=f"at accuracy_level 0: {_first_line(e)}")
+        problem = _output_gap(*dense, DEFAULT_MAX_ULP)
+        problem = problem and f"both at accuracy_level 0: {problem}"
+    if problem:
+        return dataclasses.replace(out, status="mismatch", detail=f"{problem}; fused {out.fused}")
     fusable = fusable_blocks(mutant, blocks)
     if not mutant.mutated and out.fused != fusable and not _packed_weight_inputs(mutant.base):
         return dataclasses.replace(out, status="missed_base", detail=f"unmutated base: {out.fused} of {blocks} "
@@ -342,6 +342,35 @@ def _structure_problem(mutant: Mutant, optimized: onnx.ModelProto, out: Outcome)
             return dataclasses.replace(out, status="order_dependent", detail=f"shuffled {out.fused} fused "
                                        f"{out.rejections}; unshuffled {sorted_decisions}")
     return None
+
+
+def _output_gap(expected: dict, actual: dict, bounds: dict) -> str | None:
+    """The first output of actual that is missing, of another shape or type, or beyond bounds (ulp by type)."""
+    for name, a in expected.items():
+        b = actual.get(name)
+        if b is None or b.shape != a.shape or b.dtype != a.dtype:
+            found = "missing" if b is None else f"{b.dtype}{list(b.shape)}"
+            return f"output {name!r} {a.dtype}{list(a.shape)}: optimized gives {found}"
+        dtype = ir.DataType.from_numpy(a.dtype)
+        gap = ulp_gap(a, b, dtype) if dtype in bounds else float(0 if np.array_equal(a, b) else np.inf)
+        bound = bounds.get(dtype, 0.0)
+        if not gap <= bound:
+            diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
+            return f"output {name!r}: {gap:g} ulp > {bound:g} (max abs diff {diff:.3g})"
+    return None
+
+
+def _accuracy_level_0(model: onnx.ModelProto) -> onnx.ModelProto:
+    """model with every MatMulNBits at accuracy_level 0 (fp32 activations on onnxruntime's CPU)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for graph in _graphs(copy):
+        for node in graph.node:
+            if node.op_type == "MatMulNBits":
+                for attr in node.attribute:
+                    if attr.name == "accuracy_level":
+                        attr.i = 0
+    return copy
 
 
 def fusable_blocks(mutant: Mutant, blocks: int) -> int:
