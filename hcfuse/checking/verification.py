@@ -31,10 +31,11 @@ after a block (the sublayers too) rounds its slightly different input to other i
 models part by int8 steps, not by roundings of T. Measured the same way: float16 28 ulp at 4 blocks, 61
 at 8 full-size, 69 at 24 full-size, up to 121 at 48 (three seeds) and 81 at 96 blocks (H=512); float32
 2.3e5, 4.5e5, 5.4e5, 8.9e5 and 6.9e5 ulp: about 0.12 of the output's scale in both types at most.
-INT8_ACTIVATIONS_MAX_ULP allows 0.375 of the output's scale (3x that) in every type. A lost constant still
-moves the outputs by about their whole scale, but on small chains a wrong scale can stay under the bound
-(halved up scales: 0.02 of the scale; negated down/inject scales: 0.33), so this is a weak check; the fusion
-fuzz also compares at accuracy_level 0 and the dense bounds, which verify does not do yet. onnxruntime's CUDA
+INT8_ACTIVATIONS_MAX_ULP allows 0.375 of the output's scale (3x that) in every type. That bound alone is a
+weak check: on small chains a wrong scale stays under it (halved up scales: 0.02 of the scale; negated
+down/inject scales: 0.33). So where it applies, verify first runs both models with every MatMulNBits at
+accuracy_level 0 (fp32 activations, as the fused op computes; the weights stay on disk) and compares them at the
+dense bounds, then the models as they are at the int8 bound. onnxruntime's CUDA
 MatMulNBits has no int8-activation path: there the dense bounds apply.
 """
 
@@ -48,7 +49,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from hcfuse import _op_nbits
+from hcfuse import _op, _op_nbits
 from hcfuse.checking import feeds
 from hcfuse.files import model_io
 from hcfuse.checking._session import CPU as _CPU
@@ -193,11 +194,30 @@ def _uses_bfloat16(model: ir.Model) -> bool:
     return any(v.dtype == ir.DataType.BFLOAT16 for v in values)
 
 
-def _session(path: str, provider: str, library: str):
+def _session(model: str | bytes, provider: str, library: str, folder: str | None = None):
     # fatal only: a failure reaches the caller as one line of the result's reason
     # float32 MatMul on TF32 tensor cores keeps 10 mantissa bits: the contract accumulates in fp32
     providers = [(provider, {"use_tf32": "0"})] if provider == _CUDA else [provider]
-    return inference_session(path, providers, library=library, log_severity=4)
+    # a model given as bytes finds its external data in folder
+    config = {"session.model_external_initializers_file_folder_path": folder} if folder else None
+    return inference_session(model, providers, library=library, log_severity=4, config=config)
+
+
+def _with_fp32_nbits_activations(path: str) -> bytes | None:
+    """The model at path (its weights left on disk) with accuracy_level 4 dropped from every MatMulNBits, so
+    they take fp32 activations and exact fp32 weights as the fused op does; None when it has no such node."""
+    proto = onnx.load(path, load_external_data=False)
+    changed = False
+    pending = [proto.graph.node, *(function.node for function in proto.functions)]
+    while pending:
+        for node in pending.pop():
+            for attr in list(node.attribute):
+                pending += [g.node for g in (*([attr.g] if attr.HasField("g") else []), *attr.graphs)]
+                if (node.op_type == "MatMulNBits" and node.domain == _op.DOMAIN and attr.name == "accuracy_level"
+                        and attr.i == INT8_ACTIVATIONS_ACCURACY_LEVEL):
+                    node.attribute.remove(attr)
+                    changed = True
+    return proto.SerializeToString() if changed else None
 
 
 def _as_path(model, directory: str, name: str) -> str:
@@ -266,6 +286,23 @@ def verify(
         except _RunError as e:
             return VerifyResult(FAILED, provider, [], reason=f"the original model runs but {e}", input_shapes=shapes,
                                 dims=sizes)
+        exact_original = _with_fp32_nbits_activations(orig_path) if bound_reason else None
+        if exact_original is not None and not isinstance(max_ulp, (int, float)):
+            # the int8-activation bound is loose: first the same model computing as the fused op, at the dense bounds
+            # (both models: MatMulNBits left unfused, e.g. the sublayers', take fp32 activations in both)
+            exact_optimized = _with_fp32_nbits_activations(opt_path) or opt_path
+            try:
+                exact = [_run(f"{which} at accuracy_level 0", model, provider, library, data,
+                              folder=os.path.dirname(os.path.abspath(path)))
+                         for which, model, path in (("original", exact_original, orig_path),
+                                                    ("optimized", exact_optimized, opt_path))]
+            except _RunError as e:
+                return not_verified(str(e), shapes)
+            strict = _compare(*exact, reference, provider, shapes, sizes, dict(DEFAULT_MAX_ULP))
+            if not strict.passed:
+                strict.reason = strict.reason or ("with every MatMulNBits at accuracy_level 0 (fp32 activations, as "
+                                                  "the fused op computes), at the dense bounds")
+                return strict
     if isinstance(max_ulp, (int, float)):
         bounds, bound_reason = {dtype: float(max_ulp) for dtype in DEFAULT_MAX_ULP}, ""
     elif max_ulp:
@@ -289,7 +326,8 @@ def _library() -> str | None:
         return None
 
 
-def _run(which: str, path: str, provider: str, library: str, data: dict) -> dict[str, np.ndarray]:
+def _run(which: str, model: str | bytes, provider: str, library: str, data: dict, folder: str | None = None
+         ) -> dict[str, np.ndarray]:
     import onnxruntime as ort
 
     from hcfuse.checking._ort_io import run_bound  # bfloat16 in and out as raw bits (ORT's numpy API refuses it)
@@ -297,7 +335,7 @@ def _run(which: str, path: str, provider: str, library: str, data: dict) -> dict
     run_options = ort.RunOptions()
     run_options.log_severity_level = 4  # onnxruntime's own log line would repeat the error below
     try:
-        return run_bound(_session(path, provider, library), data, run_options=run_options)
+        return run_bound(_session(model, provider, library, folder), data, run_options=run_options)
     except Exception as e:  # onnxruntime's Fail/InvalidArgument/RuntimeException... carry the reason
         shapes = {k: list(v.shape) for k, v in data.items()}
         from hcfuse._library import missing_library_message

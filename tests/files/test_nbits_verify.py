@@ -70,3 +70,15 @@ def test_a_wrong_fusion_still_fails_within_the_int8_bound(hcfuse_lib):  # noqa: 
     node.attributes["gate_mul"] = ir.AttrFloat32("gate_mul", 1.0)  # a lost constant (the builder's is 2)
     result = verify(original, ir.to_proto(model), providers=[CPU])
     assert result.status == FAILED, result.summary()
+
+
+def test_a_wrong_scale_that_hides_under_the_int8_bound_fails(hcfuse_lib):  # noqa: F811
+    """Halved up scales move a small chain's output by about 0.02 of its scale, far inside the int8 bound:
+    verify catches it by running both models with every MatMulNBits at accuracy_level 0 first."""
+    original, optimized = _pair(4)
+    model = ir.from_proto(optimized)
+    node = next(n for n in model.graph if n.op_type == _op_nbits.OP_TYPE)
+    scales = node.inputs[_op_nbits.INPUTS.index("up_scales")]
+    scales.const_value = ir.tensor(scales.const_value.numpy() * 0.5, name=scales.name)
+    result = verify(original, ir.to_proto(model), providers=[CPU])
+    assert result.status == FAILED and "accuracy_level 0" in result.reason, result.summary()
