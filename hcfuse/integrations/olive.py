@@ -16,9 +16,8 @@ The surgeon runs the whole fusion pass (HcLowRankMixFusionPass: node-order sorti
 expansions' canonical form, the schemas and opset import, unused constants removed), not only the bare
 rewrite rules, so it is a plain ``Surgeon`` rather than a rule-set surgeon. Blocks whose projections
 Olive's int4 pass (OnnxBlockWiseRtnQuantization) turned into MatMulNBits fuse into
-ai.hcfuse.HyperConnectionLowRankMixNBits: that pass writes MatMulNBits' scales and zero points in their flat
-form ([N * k_blocks]), which the surgeon first gives the [N, k_blocks] shape the fusion reads (same bytes,
-both forms are MatMulNBits'). The fused model runs in onnxruntime with hcfuse's library
+ai.hcfuse.HyperConnectionLowRankMixNBits (that pass writes scales and zero points flat, [N * k_blocks]; the
+fusion takes them as [N, k_blocks] tensors of the same bytes). The fused model runs in onnxruntime with hcfuse's library
 registered (``hcfuse.register(session_options)``); the surgeon itself needs no onnxruntime.
 """
 
@@ -29,9 +28,7 @@ import sys
 
 import onnx_ir as ir
 
-from hcfuse import _op_nbits
 from hcfuse.rewrite import HcLowRankMixFusionPass
-from hcfuse.rewrite.nbits_projection import is_nbits
 
 try:
     from olive.passes.onnx.graph_surgeries import Surgeon
@@ -58,9 +55,6 @@ class HcLowRankMixFusion(Surgeon):
         self.debug = debug
 
     def call_ir(self, model: ir.Model) -> ir.Model:
-        for node in model.graph.all_nodes():
-            if is_nbits(node):
-                _quantization_params_as_matrices(node)
         report = HcLowRankMixFusionPass(debug=self.debug)(model).report
         if report.fused:
             logger.info("hcfuse: fused %d hyper-connection block(s)", len(report.fused))
@@ -68,28 +62,6 @@ class HcLowRankMixFusion(Surgeon):
             reasons = "; ".join(f"{item.anchor}: {item.reason}" for item in report.rejected) or "no candidate found"
             logger.warning("hcfuse: no hyper-connection block fused (%s)", reasons)
         return model
-
-
-def _quantization_params_as_matrices(node: ir.Node) -> None:
-    """Reshapes a MatMulNBits' flat scales [N * k_blocks] and zero points (T [N * k_blocks], packed uint8
-    [N * ceil(k_blocks * bits / 8)]) to their [N, ...] form, in place; the bytes, row by row, are the same.
-    Only initializers read by MatMulNBits alone change; anything unexpected is left for the fusion to judge."""
-    K, N, block_size = (node.attributes.get_int(name) for name in ("K", "N", "block_size"))
-    if None in (K, N, block_size) or block_size <= 0:
-        return
-    blocks = _op_nbits.k_blocks(K, block_size)
-    for index in (2, 3):
-        value = node.inputs[index] if len(node.inputs) > index else None
-        if value is None or not value.is_initializer() or value.const_value is None:
-            continue
-        if any(not is_nbits(user) for user, _ in value.uses()):
-            continue
-        packed = value.dtype == ir.DataType.UINT8
-        cols = _op_nbits.packed_zero_point_cols(blocks, node.attributes.get_int("bits", 4)) if packed else blocks
-        if value.const_value.shape.dims != (N * cols,):
-            continue
-        value.const_value = ir.Tensor(value.const_value.numpy().reshape(N, cols), name=value.name)
-        value.shape = ir.Shape([N, cols])
 
 
 def main(argv: list[str] | None = None) -> int | None:

@@ -120,20 +120,31 @@ class Filled:
 
 
 def concatenated(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, parts: Sequence[ir.Value | Filled],
-                 axis: int, base: str, dtype: ir.DataType) -> ir.Value:
-    """The constant parts (values, or Filled blocks) side by side along axis, as one weight of dtype."""
+                 axis: int, base: str, dtype: ir.DataType, columns: int | None = None) -> ir.Value:
+    """The constant parts (values, or Filled blocks) side by side along axis, as one weight of dtype; with
+    columns, each part first as the matrix [-1, columns] of its bytes (a flat part listed row by row)."""
     parts = tuple(parts)
     sources = [part if isinstance(part, Filled) else true_constant(part) for part in parts]
     shapes = [tuple(source.shape) if isinstance(source, Filled) else tuple(source.shape.dims) for source in sources]
+    if columns is not None:
+        shapes = [(int(np.prod(s)) // columns, columns) for s in shapes]
     shape = list(shapes[0])
     shape[axis] = sum(s[axis] for s in shapes)
 
     def make(name: str) -> ir.Tensor:
         arrays = [np.full(s.shape, s.value, dtype=dtype.numpy()) if isinstance(s, Filled) else _read(s)
                   for s in sources]
+        arrays = [a.reshape(part_shape) for a, part_shape in zip(arrays, shapes)]
         return ir.tensor(np.concatenate(arrays, axis=axis), name=name)
 
-    return weights.get(op, graph, ("concat", axis, parts, dtype), base, dtype, tuple(shape), make)
+    return weights.get(op, graph, ("concat", axis, parts, dtype, columns), base, dtype, tuple(shape), make)
+
+
+def reshaped(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, value: ir.Value, shape: tuple) -> ir.Value:
+    """A constant value's bytes in another shape (a flat tensor as the matrix it lists row by row)."""
+    source = true_constant(value)
+    make = lambda name: ir.tensor(_read(source).reshape(shape), name=name)  # noqa: E731
+    return weights.get(op, graph, ("reshape", value, shape), f"{value.name}.matrix", source.dtype, shape, make)
 
 
 def packed_halves(op, graph: ir.Graph | ir.Function, weights: DerivedWeights, packed: ir.Value, R: int, C: int,

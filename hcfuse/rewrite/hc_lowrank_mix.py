@@ -185,7 +185,7 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
         if v.packed:
             session.maybe_dead.append(b["split_sizes"])
             packed = q.get("packed")
-            down_inject = [packed.B, packed.scales, packed.zero_points] if packed else [b["packed_weight"], None, None]
+            down_inject = _quantized_tensors(op, m, session, packed) if packed else [b["packed_weight"], None, None]
         elif "down" in q:
             down_inject = _quantized_down_inject(op, m, session, q["down"], q.get("inject"))
         else:
@@ -196,7 +196,16 @@ class HcLowRankMixFusion(RewriteRuleClassBase):
                                                   f"{b['down_weight'].name}.down_inject", m.T)
             down_inject = [weight, None, None]
         up = q.get("up")
-        return [*down_inject, *([up.B, up.scales, up.zero_points] if up else [b["up_weight"], None, None])]
+        return [*down_inject, *(_quantized_tensors(op, m, session, up) if up else [b["up_weight"], None, None])]
+
+
+def _quantized_tensors(op, m, session: FusionSession, q) -> list[ir.Value | None]:
+    """A projection's (B, scales, zero points) as the fused op takes them: flat scales and zero points (older
+    quantizers' and Olive's form) as [N, columns] derived weights of the same bytes."""
+    matrices = [nbits_projection.as_matrix(op, m.graph, session.weights, value, q.N)
+                for value in (q.scales, q.zero_points)]
+    session.maybe_dead += [old for old, new in zip((q.scales, q.zero_points), matrices) if new is not old]
+    return [q.B, *matrices]
 
 
 def _quantized_down_inject(op, m, session: FusionSession, down, inject) -> list[ir.Value | None]:
@@ -219,8 +228,11 @@ def _quantized_down_inject(op, m, session: FusionSession, down, inject) -> list[
             b = b if b is not None else _default_zero_points(given, down, C)
         source = a if isinstance(a, ir.Value) else b
         session.maybe_dead += [x for x in (a, b) if isinstance(x, ir.Value)]
+        # scales and zero points row by row ([N, columns], also when given flat: the same bytes)
+        columns = None if role == "B" else (_default_zero_points(source, down, 1).shape[1] if role == "zero_points"
+                                             else kb)
         tensors.append(derived_weights.concatenated(op, m.graph, session.weights, [a, b], 0,
-                                                    f"{source.name}.down_inject", source.dtype))
+                                                    f"{source.name}.down_inject", source.dtype, columns=columns))
     return tensors
 
 

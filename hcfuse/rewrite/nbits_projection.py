@@ -14,6 +14,7 @@ import dataclasses
 import onnx_ir as ir
 
 from hcfuse import _op_nbits
+from hcfuse.rewrite import derived_weights
 from hcfuse.rewrite.shape_facts import ShapeFacts
 from hcfuse.rewrite.values import attr_value, describe, true_constant
 
@@ -47,6 +48,14 @@ class QuantizedProjection:
 
     def nbits_attributes(self) -> tuple[int, int, int]:
         return self.bits, self.block_size, self.accuracy_level
+
+
+def as_matrix(op, graph, weights, value: ir.Value | None, rows: int) -> ir.Value | None:
+    """value (scales or zero points, [rows, columns] or flat [rows * columns]) as the fused op's [rows, columns]:
+    itself, or a derived weight holding the same bytes."""
+    if value is None or len(value.shape) == 2:
+        return value
+    return derived_weights.reshaped(op, graph, weights, value, (rows, value.shape[0] // rows))
 
 
 def is_nbits(node: ir.Node | None) -> bool:
@@ -97,23 +106,26 @@ def _read(node: ir.Node, facts: ShapeFacts) -> QuantizedProjection:
         raise _Problem("has no scales input")
     k_blocks, blob = _op_nbits.k_blocks(K, block_size), _op_nbits.blob_size(bits, block_size)
     _expect(facts, B, "B", (N, k_blocks, blob), {ir.DataType.UINT8}, K, N)
-    _expect(facts, scales, "scales", (N, k_blocks), None, K, N)
+    _expect(facts, scales, "scales", (N, k_blocks), None, K, N, flat_allowed=True)
     T = facts.dtype(scales)
     if zero_points is not None:
         packed = (N, _op_nbits.packed_zero_point_cols(k_blocks, bits))
         if facts.dtype(zero_points) == ir.DataType.UINT8:
-            _expect(facts, zero_points, "zero_points", packed, {ir.DataType.UINT8}, K, N)
+            _expect(facts, zero_points, "zero_points", packed, {ir.DataType.UINT8}, K, N, flat_allowed=True)
         else:
-            _expect(facts, zero_points, "zero_points", (N, k_blocks), {T}, K, N)
+            _expect(facts, zero_points, "zero_points", (N, k_blocks), {T}, K, N, flat_allowed=True)
     for role, value in (("B", B), ("scales", scales), ("zero_points", zero_points)):
         if value is not None and true_constant(value) is None:
             raise _Problem(f"its {role} ({describe(value)}) is not a constant initializer")
     return QuantizedProjection(node.name, B, scales, zero_points, K, N, bits, block_size, accuracy_level)
 
 
-def _expect(facts: ShapeFacts, value: ir.Value, role: str, dims: tuple, types, K: int, N: int) -> None:
+def _expect(facts: ShapeFacts, value: ir.Value, role: str, dims: tuple, types, K: int, N: int,
+            flat_allowed: bool = False) -> None:
+    """value's shape is dims (or, where flat_allowed, dims flattened: older quantizers and Olive's write scales
+    and zero points as [N * columns], the same bytes row by row) and its type one of types."""
     found, dtype = facts.dims(value), facts.dtype(value)
-    if found != dims:
+    if found != dims and not (flat_allowed and found == (dims[0] * dims[1],)):
         raise _Problem(f"{role} {value.name!r} must be {list(dims)} for K={K}, N={N}; got "
                        f"{list(found) if found is not None else 'an unknown shape'}")
     if types is not None and dtype not in types:

@@ -212,3 +212,28 @@ def test_quantized_blocks_inside_a_function_are_fused_there(packed):
     assert kinds.count(_op_nbits.OP_TYPE) == FUSED and "MatMulNBits" not in kinds
     assert body.opset_imports[_op_nbits.DOMAIN] == _op_nbits.SINCE_VERSION and not m.graph.initializers
     _assert_outputs_match(original, m, np.float32)
+
+
+def _flatten_quantization_params(m: ir.Model) -> int:
+    """Scales and zero points of every MatMulNBits as [N * columns] (older quantizers' and Olive's form)."""
+    count = 0
+    for node in matmul_nbits(m):
+        for value in node.inputs[2:4]:
+            if value is not None and len(value.shape) == 2:
+                value.const_value = ir.tensor(value.const_value.numpy().reshape(-1), name=value.name)
+                value.shape = ir.Shape([value.const_value.shape[0]])
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "asymmetric"])
+def test_flat_scales_and_zero_points_fuse_as_matrices_of_the_same_bytes(packed, symmetric):
+    m = quantized_chain(BLOCKS, packed=packed, sublayer="identity", quantizer=dict(symmetric=symmetric))
+    original = ir.from_proto(ir.to_proto(m))  # the same model with [N, columns] tensors
+    assert _flatten_quantization_params(m)
+    _fuse(m)
+    for node in nbits_nodes(m):
+        for value in node.inputs[3:5]:  # down_inject's scales and zero points
+            assert value is None or len(value.shape) == 2, value
+    _assert_outputs_match(original, m, np.float32)
