@@ -229,20 +229,25 @@ def _quantized_down_inject(op, m, session: FusionSession, down, inject) -> list[
         source = a if isinstance(a, ir.Value) else b
         session.maybe_dead += [x for x in (a, b) if isinstance(x, ir.Value)]
         # scales and zero points row by row ([N, columns], also when given flat: the same bytes)
-        columns = None if role == "B" else (_default_zero_points(source, down, 1).shape[1] if role == "zero_points"
-                                             else kb)
+        columns = None if role == "B" else _row_columns(role, source, down)
         tensors.append(derived_weights.concatenated(op, m.graph, session.weights, [a, b], 0,
                                                     f"{source.name}.down_inject", source.dtype, columns=columns))
     return tensors
 
 
+def _row_columns(role: str, tensor: ir.Value, q) -> int:
+    """Columns of one row of q's scales or zero points ([N, columns]): k_blocks, or the packed bytes of a
+    uint8 zero point row."""
+    if role == "zero_points" and tensor.dtype == ir.DataType.UINT8:
+        return _op_nbits.packed_zero_point_cols(q.k_blocks, q.bits)
+    return q.k_blocks
+
+
 def _default_zero_points(other: ir.Value, q, rows: int) -> derived_weights.Filled:
     """rows of zero points 2^(bits-1) (what an absent input stands for), in the form of other."""
     zp = _op_nbits.default_zero_point(q.bits)
-    if other.dtype == ir.DataType.UINT8:
-        cols = _op_nbits.packed_zero_point_cols(q.k_blocks, q.bits)
-        return derived_weights.Filled((rows, cols), zp | zp << 4 if q.bits == 4 else zp)
-    return derived_weights.Filled((rows, q.k_blocks), zp)
+    fill = zp | zp << 4 if q.bits == 4 and other.dtype == ir.DataType.UINT8 else zp
+    return derived_weights.Filled((rows, _row_columns("zero_points", other, q)), fill)
 
 
 def _variant_name(*, packed: bool, has_prologue: bool, has_gate_mul: bool, has_inject: bool) -> str:
