@@ -1,7 +1,8 @@
 """Public Python API: optimize (fuse), unfuse and verify models in memory, and the same on files.
 
 optimize/unfuse take an onnx.ModelProto or an onnx_ir.Model and return the same kind; the input is
-never modified (the work happens on a copy whose weights are shared, not read).
+never modified (the work happens on a copy whose weights are shared, not read). Sparse initializers, which
+onnx-ir cannot hold, come back as dense initializers of the same values.
 optimize_file/unfuse_file/infer_shapes_file take paths and do what the ``hcfuse`` command does, with
 its guarantees (hcfuse.files.pipeline): input untouched, model and data committed together.
 inference_session makes the onnxruntime session a fused model needs (hcfuse's library registered).
@@ -18,6 +19,7 @@ import onnx_ir as ir
 from onnx import external_data_helper
 
 from hcfuse.files.pipeline import FileResult, infer_shapes_file, optimize_file, unfuse_file
+from hcfuse.files.sparse_initializers import densify_sparse_initializers, has_sparse_initializers
 from hcfuse.checking.unfusion import unfuse as _unfuse_in_place
 from hcfuse.checking.verification import VerifyResult, verify
 from hcfuse._library import (add_contrib_opset_import, has_contrib_opset_import, missing_library_message, register,
@@ -33,10 +35,18 @@ class MissingLibraryError(RuntimeError):
 def _on_copy(model, transform: Callable[[ir.Model], object]):
     """Applies transform (in place) to a copy of model; returns (copy of the input's kind, result)."""
     if isinstance(model, onnx.ModelProto):
+        if has_sparse_initializers(model):  # onnx-ir drops them: dense ones in a copy
+            dense = onnx.ModelProto()
+            dense.CopyFrom(model)
+            densify_sparse_initializers(dense)
+            model = dense
         work = ir.from_proto(model)  # new IR objects; tensors wrap the proto's, read only
         result = transform(work)
         return ir.to_proto(work), result
     if isinstance(model, ir.Model):
+        from hcfuse.rewrite.sort_order import check_defined
+
+        check_defined(model)  # before clone, which fails on such a value with onnx-ir's traceback
         work = model.clone()  # new graph, nodes and values; tensors shared, never written
         result = transform(work)
         return work, result

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from hcfuse.files.errors import ModelIOError, one_line
 from hcfuse.files.model_checks import check_structure, external_data_problem, undefined_input
+from hcfuse.files.sparse_initializers import densify_sparse_initializers
 
 # Inline models must stay below protobuf's 2 GB message limit; leave room for the graph itself.
 INLINE_LIMIT_BYTES = 1_800_000_000
@@ -24,7 +25,8 @@ _NOT_READ = "hcfuse-not-read.data"
 
 
 def load(path: str | os.PathLike) -> ir.Model:
-    """Loads and checks a model with onnx-ir; external tensors stay on disk until read."""
+    """Loads and checks a model with onnx-ir; external tensors stay on disk until read, sparse initializers
+    become dense ones."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelIOError(f"{path}: no such file")
@@ -40,6 +42,10 @@ def load(path: str | os.PathLike) -> ir.Model:
     if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
         raise ModelIOError(f"{path}: invalid ONNX model: no opset_import for the ONNX domain "
                            "(onnxruntime refuses it; the exporter should set one)")
+    try:
+        densify_sparse_initializers(proto)  # onnx-ir would drop them
+    except ModelIOError as e:
+        raise ModelIOError(f"{path}: {e}") from e
     undefined = undefined_input(proto.graph)
     if undefined is not None:  # checked before onnx-ir, which would log a warning and go on
         node, name = undefined

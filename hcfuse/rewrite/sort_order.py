@@ -50,7 +50,7 @@ def sort_for_matching(model: ir.Model) -> CallerOrder:
     value that nothing in it or around it defines: onnxruntime runs neither.
     """
     order = CallerOrder([(graph, list(graph)) for graph in model_graphs(model)])
-    _check_defined(model)
+    check_defined(model)
     targets = [("graph", model.graph), *(("function", f) for f in model.functions.values())]
     for kind, target in targets:
         try:
@@ -61,7 +61,7 @@ def sort_for_matching(model: ir.Model) -> CallerOrder:
     return order
 
 
-def _check_defined(model: ir.Model) -> None:
+def check_defined(model: ir.Model) -> None:
     """Every node input is a graph or function input, an initializer or some node's output (in its own
     graph or an enclosing one). onnx-ir leaves a reference it cannot resolve (a sparse initializer,
     which it does not keep, or a name defined nowhere) as a value without producer."""
@@ -73,4 +73,5 @@ def _check_defined(model: ir.Model) -> None:
                 if value.const_value is not None:
                     continue
                 raise ValueError(f"hcfuse: node {node.name or node.op_type!r} reads {value.name!r}, which the model "
-                                 f"defines nowhere onnx-ir can see (a sparse initializer? make it dense first)")
+                                 f"defines nowhere onnx-ir can see (onnx-ir drops sparse initializers: pass the ModelProto, "
+                                 "whose sparse initializers hcfuse makes dense)")

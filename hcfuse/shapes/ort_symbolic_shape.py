@@ -53,6 +53,7 @@ from hcfuse._op import (
     STREAMS_OUT,
     UP_WEIGHT,
 )
+from hcfuse.files.sparse_initializers import sparse_to_dense
 from hcfuse.shapes import nbits_schema
 from hcfuse.shapes.schema import node_form_problem, register_schema
 
@@ -281,14 +282,6 @@ def register_with_ort() -> Iterator[None]:
 # ---- Constant forms ORT's tool cannot read ------------------------------------------------
 
 
-def _sparse_to_dense(sp: onnx.SparseTensorProto) -> onnx.TensorProto:
-    values, indices = numpy_helper.to_array(sp.values), numpy_helper.to_array(sp.indices)
-    flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, tuple(sp.dims))
-    dense = np.zeros(int(np.prod(sp.dims)), dtype=values.dtype)
-    dense[flat] = values
-    return numpy_helper.from_array(dense.reshape(tuple(sp.dims)))
-
-
 _SCALAR_FORMS = {  # Constant attribute -> numpy dtype of the equivalent `value` tensor
     "value_float": np.float32,
     "value_floats": np.float32,
@@ -301,7 +294,7 @@ _SCALAR_FORMS = {  # Constant attribute -> numpy dtype of the equivalent `value`
 
 def _constant_value(attr: onnx.AttributeProto) -> onnx.TensorProto:
     if attr.name == "sparse_value":
-        return _sparse_to_dense(attr.sparse_tensor)
+        return sparse_to_dense(attr.sparse_tensor)
     return numpy_helper.from_array(np.array(helper.get_attribute_value(attr), dtype=_SCALAR_FORMS[attr.name]))
 
 

@@ -110,17 +110,42 @@ def test_a_cycle_is_one_clear_line():
         hcfuse.optimize(model)
 
 
-def test_a_value_defined_nowhere_is_one_clear_line():
-    """onnx-ir drops sparse initializers (onnxruntime reads them): what reads one reads a value defined
-    nowhere, and the fused model would not load; the pass says so instead of writing it."""
+def _sparse_model() -> onnx.ModelProto:
     values = onnx.numpy_helper.from_array(np.array([5.0], np.float32), "k")
     sparse = helper.make_sparse_tensor(values, onnx.numpy_helper.from_array(np.array([1], np.int64), "k_i"), [2])
     graph = helper.make_graph([helper.make_node("Mul", ["x", "k"], ["y"], name="scale")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
                               sparse_initializer=[sparse])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
-    assert cpu_session(model).run(None, {"x": np.ones(2, np.float32)})[0].tolist() == [0.0, 5.0]
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_sparse_initializers_come_back_dense():
+    """onnx-ir drops sparse initializers (onnxruntime reads them): optimize makes them dense initializers
+    of the same name and values, on a copy, so the model it returns computes what the input did."""
+    model = _sparse_model()
+    before = model.SerializeToString()
+    x = {"x": np.ones(2, np.float32)}
+    assert cpu_session(model).run(None, x)[0].tolist() == [0.0, 5.0]
+    out = hcfuse.optimize(model)
+    assert model.SerializeToString() == before
+    assert [t.name for t in out.graph.initializer] == ["k"] and not out.graph.sparse_initializer
+    assert cpu_session(out).run(None, x)[0].tolist() == [0.0, 5.0]
+
+
+def test_sparse_initializers_in_a_file_come_back_dense(tmp_path):
+    src, dst = tmp_path / "sparse.onnx", tmp_path / "out.onnx"
+    onnx.save(_sparse_model(), src)
+    hcfuse.optimize_file(src, dst)
+    out = onnx.load(dst)
+    assert not out.graph.sparse_initializer
+    assert cpu_session(out).run(None, {"x": np.ones(2, np.float32)})[0].tolist() == [0.0, 5.0]
+
+
+def test_a_value_defined_nowhere_is_one_clear_line():
+    """An onnx_ir.Model made from a proto with a sparse initializer has lost it: what read it reads a value
+    defined nowhere, and the fused model would not load; the pass says so instead of writing it."""
+    model = ir.from_proto(_sparse_model())
     with pytest.raises(ValueError, match=r"^hcfuse: node 'scale' reads 'k', which the model defines nowhere"):
         hcfuse.optimize(model)
 
