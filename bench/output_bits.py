@@ -25,11 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import hcfuse  # noqa: E402
+from fused_node_session import cuda_fused_node_session  # noqa: E402
 from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE  # noqa: E402
 from hcfuse.checking._ort_io import run_bound  # noqa: E402
-from hcfuse.checking._session import CUDA, inference_session  # noqa: E402
-from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
+from hcfuse.models.hc_block import random_activations  # noqa: E402
 
 SHAPES = {"real": QWEN_SHAPE, "4x1024x64": dict(C=4, H=1024, R=64), "4x256x512": dict(C=4, H=256, R=512)}
 CASES = {  # path -> (shapes, rows)
@@ -48,10 +47,7 @@ def print_hashes(path: str, cases: dict, attributes: dict, suffix: str) -> None:
         for shape_name in shapes:
             shape = SHAPES[shape_name]
             rng = np.random.default_rng(0)
-            weights = random_weights(**shape, dtype=dtype, rng=rng)
-            model = make_fused_node_model(**shape, dtype=dtype, prologue=True, streams_out=True,
-                                          weights_as_inputs=False, weights=weights, **attributes)
-            session = inference_session(model, [(CUDA, {})], library=hcfuse.get_library_path())
+            session = cuda_fused_node_session(shape, dtype, rng, attributes)
             for rows in row_counts:
                 feeds = random_activations((rows,), shape["C"], shape["H"], dtype, rng, prologue=True)
                 out = run_bound(session, feeds, device="cuda")

@@ -24,18 +24,14 @@ def run(rows_list: list[int], dtype_name: str, runs: int) -> None:
     import ml_dtypes
     import numpy as np
 
+    from fused_node_session import cuda_fused_node_session
     from hcfuse._op import QWEN_ATTRIBUTES, QWEN_SHAPE
     from hcfuse.checking._ort_io import run_bound
-    from hcfuse.checking._session import CUDA, inference_session
-    from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights
-    import hcfuse
+    from hcfuse.models.hc_block import random_activations
 
     dtype = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32}[dtype_name]
     rng = np.random.default_rng(0)
-    weights = random_weights(**QWEN_SHAPE, dtype=dtype, rng=rng)
-    model = make_fused_node_model(**QWEN_SHAPE, dtype=dtype, prologue=True, streams_out=True,
-                                  weights_as_inputs=False, weights=weights, **QWEN_ATTRIBUTES)
-    session = inference_session(model, [(CUDA, {})], library=hcfuse.get_library_path())
+    session = cuda_fused_node_session(QWEN_SHAPE, dtype, rng, QWEN_ATTRIBUTES)
     for rows in rows_list:
         feeds = random_activations((rows,), QWEN_SHAPE["C"], QWEN_SHAPE["H"], dtype, rng, prologue=True)
         for _ in range(runs):
