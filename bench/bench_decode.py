@@ -1,28 +1,42 @@
-"""Decode benchmark of HyperConnectionLowRankMix on onnxruntime-gpu.
+"""Decode benchmark of HyperConnectionLowRankMix and its quantized form on onnxruntime-gpu.
 
-A chain of N blocks of the real shape (C=4, H=2560, R=320, Qwen3.8-Flash-Next attributes) with 8
-distinct weight sets cycling (constant initializers, 105 MB in bf16: they do not stay in the 60 MB
-L2). Block k+1 takes streams = streams_out of block k, prev_post_gate = post_gate of block k and,
-as the stand-in for the sublayer between two blocks, prev_block_output = pre_output of block k
-itself (no node in between, so the timing is the blocks' alone). Block 0 has no prologue.
+A chain of N blocks of the real shape (C=4, H=2560, R=320, Qwen3.8-Flash-Next attributes) with distinct weight
+sets cycling as constant initializers, enough that they do not stay in the L2 (dense: 8 sets, 105 MB in bf16;
+int4: 32 sets of 3.7 MB, 119 MB; --weight-sets changes the counts). Block k+1 takes streams = streams_out of
+block k, prev_post_gate = post_gate of block k and, as the stand-in for the sublayer between two blocks,
+prev_block_output = pre_output of block k itself (no node in between, so the timing is the blocks' alone).
+Block 0 has no prologue.
 
-Variants, all in one run: the fused op on its fast path and on its general path
-(HCFUSE_FORCE_PATH, read when the session creates its kernels), on the path it picks itself ("auto":
-the fast path up to 16 rows, the general path's few-row or prefill range above), and the stock unfused
-chain (hcfuse.unfuse of the same model: the contrib ops and MatMul/Sigmoid/Div/Mul on CUDA).
-Each session runs under CUDA graphs with IO binding (one captured graph per row count,
-`gpu_graph_id`). us per block = slope between the 96- and 48-block chains, each the best of
-`--reps` repetitions of `--replays` replays (3 repetitions where one replay takes over --slow-ms;
-fewer replays where a repetition would take over --rep-ms, at least 2); both chains' sessions are
-open together and their repetitions alternate, so both are timed in the same state of the process (the
-general path's chains were measured 7-10% slower once another session's MatMul had run in the process;
-see bench/README.md). The SM clock is printed after each variant. Writes a markdown table, a CSV
-and a PNG plot (us per block vs rows, with the memory floor - weights and activations once at
-4.24 TB/s - and the compute floor - 2 (2 K R + K C) flops per row at the matrix rate) into --out.
+Variants, all in one run (names keep their meaning; --variants picks):
+  fast, general  com.microsoft.HyperConnectionLowRankMix (hcfuse's kernel) pinned to a path by HCFUSE_FORCE_PATH
+                 (read when the session creates its kernels), dense weights;
+  auto           the same op on the path it picks (the fast path up to 16 rows, the general path above);
+  stock          hcfuse.unfuse of the dense chain: the contrib ops and MatMul/Sigmoid/Div/Mul on CUDA;
+  nbits          ai.hcfuse.HyperConnectionLowRankMixNBits (hcfuse's kernel), both projections int4 as
+                 onnxruntime-genai's int4 build writes them: MatMulNBitsQuantizer(block_size=32,
+                 is_symmetric=True, accuracy_level=4), down+inject packed (N = R + C), scales T [N, k_blocks], no
+                 zero points (bench/int4_weights.py quantizes byte for byte as that quantizer does);
+  stock-int4     hcfuse.unfuse of the nbits chain: the same quantized bytes, its two MatMuls per block
+                 com.microsoft.MatMulNBits run by onnxruntime's CUDA provider, the rest as stock;
+  matmul         (--sublayer only) the sublayer MatMuls alone.
+A variant whose session cannot run every node on CUDAExecutionProvider (e.g. an op without a CUDA kernel, which
+onnxruntime would run on the CPU) is not timed: the table shows n/a and a line under it says why. Sessions are
+created with CPU fallback disabled and, where onnxruntime records it, every node's provider is checked.
 
-    python3 bench/bench_decode.py --out bench/out   # decode: 1-64 rows, fast/general/stock
+Each session runs under CUDA graphs with IO binding (one captured graph per row count, `gpu_graph_id`). us per
+block = slope between the 96- and 48-block chains, each the best of `--reps` repetitions of `--replays` replays
+(3 repetitions where one replay takes over --slow-ms; fewer replays where a repetition would take over --rep-ms,
+at least 2); both chains' sessions are open together and their repetitions alternate, so both are timed in the
+same state of the process (the general path's chains were measured 7-10% slower once another session's MatMul
+had run in the process; see bench/README.md). The SM clock is printed after each variant. Writes a markdown
+table, a CSV and a PNG plot (us per block vs rows, with the memory floor of each weight format - its weights and
+the activations once at 4.24 TB/s - and the compute floor - 2 (2 K R + K C) flops per row at the matrix rate)
+into --out.
+
+    python3 bench/bench_decode.py --out bench/out   # decode: 1-64 rows, fast/general/stock/nbits/stock-int4
     python3 bench/bench_decode.py --out bench/prefill --dtypes bf16 fp16 fp32 --variants auto stock \
         --rows 1 2 4 8 16 32 64 128 256 512 1024 2048 4096 8192 16384   # the prefill curve
+    python3 bench/bench_decode.py --dry-run         # no GPU: builds and checks every variant's models
 """
 
 from __future__ import annotations
@@ -38,25 +52,17 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from decode_chains import C, DTYPES, FUSED_INT4, H, K, R, STOCK, WEIGHT_SETS, chain_model, sublayer_weights, \
+    variant_format, variant_model, weight_bytes, weight_sets
+import hcfuse
 
-import hcfuse  # noqa: E402
-from hcfuse._op import DOMAIN, IR_VERSION, OP_TYPE, QWEN_CONFIG  # noqa: E402
-from hcfuse._op import ONNX_OPSET as OPSET  # noqa: E402
-from hcfuse.models.hc_block import random_weights  # noqa: E402
-
-C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]
-ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
-WEIGHT_SETS = 8
 MEMORY_BANDWIDTH = 4.24e12  # bytes/s, device-to-device copy on the H200 measured (read + write)
 # Matrix rate of the products, flop/s: dense bf16/fp16 with fp32 accumulation as measured on the H200;
 # float32 runs cuBLASLt's fp32 (no TF32) GEMMs: the H200's fp32 vector peak.
 MATRIX_RATE = {"bf16": 790e12, "fp16": 790e12, "fp32": 67e12}
-DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float16, TensorProto.FLOAT16),
-          "fp32": (np.float32, TensorProto.FLOAT)}
-VARIANTS = ("fast", "general", "stock")
+VARIANTS = ("fast", "general", "stock", "nbits", "stock-int4")
 OURS = ("auto", "fast", "general")  # the first of these a row has is hcfuse's figure in the table
 # Variants that set the library's benchmark switches, which only a library built with
 # -DHCFUSE_DEV_KNOBS=ON reads: PATH/CHOICE (CHOICE below) and fast@SS,HID (the fast path with
@@ -73,52 +79,6 @@ SLOW_REPS = 3  # repetitions for chains whose replay takes longer than --slow-ms
 # ONNX Runtime 1.32's own fused op (its two-kernel CUDA design), bf16, H200: its published us per block by
 # rows, drawn next to the measured curves (not measured here: onnxruntime-gpu 1.32 is not published yet)
 PUBLISHED_BF16 = {1: 10.2, 2: 12.9, 4: 21.1, 8: 33.2, 16: 32.8}
-
-
-def chain_model(num_blocks: int, dtype, elem: int, weights: list[dict[str, np.ndarray]],
-                sublayers: list[np.ndarray] | None = None) -> onnx.ModelProto:
-    """num_blocks fused nodes chained as the module docstring says; rows is a symbolic dim. With
-    sublayers (H x H matrices), prev_block_output of block k+1 is MatMul(pre_output of block k, W[k % n]):
-    the "real model" variant, a sublayer kernel (which does not trigger dependents early) between blocks."""
-    inits = [numpy_helper.from_array(w[name].astype(dtype), f"w{s}_{name}")
-             for s, w in enumerate(weights) for name in w]
-    inits += [numpy_helper.from_array(m.astype(dtype), f"sub{s}") for s, m in enumerate(sublayers or [])]
-    nodes = []
-    prev = None  # (pre_output, post_gate, streams_out) of the previous block
-    for k in range(num_blocks):
-        s = k % len(weights)
-        wnames = [f"w{s}_{n}" for n in ("norm_scale", "down_weight", "up_weight", "inject_weight")]
-        if prev is not None and sublayers:
-            nodes.append(helper.make_node("MatMul", [prev[0], f"sub{(k - 1) % len(sublayers)}"], [f"sub_out_{k}"],
-                                          name=f"sublayer_{k}"))
-            prev = [f"sub_out_{k}", prev[1], prev[2]]
-        ins = ["streams", *wnames] if prev is None else [prev[2], *wnames, prev[0], prev[1]]
-        outs = [f"pre_{k}", f"gate_{k}", f"streams_{k}"]
-        nodes.append(helper.make_node(OP_TYPE, ins, outs, domain=DOMAIN, name=f"block_{k}", num_branches=C, **ATTRS))
-        prev = outs
-    last = num_blocks - 1
-    graph = helper.make_graph(
-        nodes, f"hc_chain_{num_blocks}",
-        [helper.make_tensor_value_info("streams", elem, ["rows", C * H])],
-        [helper.make_tensor_value_info(f"pre_{last}", elem, ["rows", H]),
-         helper.make_tensor_value_info(f"gate_{last}", elem, ["rows", C]),
-         helper.make_tensor_value_info(f"streams_{last}", elem, ["rows", C * H])],
-        inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=IR_VERSION)
-
-
-def matmul_chain_model(num_blocks: int, elem: int, dtype, sublayers: list[np.ndarray]) -> onnx.ModelProto:
-    """The sublayers alone: x_{k+1} = MatMul(x_k, W[k % n]) for num_blocks - 1 steps (the real-model
-    variant's MatMuls without the blocks), so the blocks' share of that variant can be told apart."""
-    inits = [numpy_helper.from_array(m.astype(dtype), f"sub{s}") for s, m in enumerate(sublayers)]
-    nodes = [helper.make_node("MatMul", [f"x_{k}", f"sub{k % len(sublayers)}"], [f"x_{k + 1}"])
-             for k in range(num_blocks - 1)]
-    nodes[0].input[0] = "streams"
-    graph = helper.make_graph(nodes, f"matmul_chain_{num_blocks}",
-                              [helper.make_tensor_value_info("streams", elem, ["rows", H])],
-                              [helper.make_tensor_value_info(f"x_{num_blocks - 1}", elem, ["rows", H])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
 def ortvalue(ort, shape, elem: int, host: np.ndarray | None = None):
@@ -161,27 +121,91 @@ def library_reads_switches(ort) -> bool:
     return False
 
 
+CUDA = "CUDAExecutionProvider"
+CPU_FALLBACK_OFF = "session.disable_cpu_ep_fallback"  # session creation fails where a node would run on the CPU
+RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"  # get_provider_graph_assignment_info's records
+
+
+class VariantUnavailable(Exception):
+    """A variant's chain cannot run on the GPU as asked (the message says why); it is reported, not timed."""
+
+
+def variant_setup(variant: str) -> tuple[bool, dict[str, str]]:
+    """(whether the variant's session registers hcfuse's library, the variables its kernels read)."""
+    if variant in STOCK or variant == "matmul":
+        return False, {}
+    if variant in FUSED_INT4:
+        return True, {"HCFUSE_FORCE_PATH": ""}  # the op picks
+    path, _, tuning = variant.partition("@")
+    path, _, choice = path.partition("/")
+    env = {"HCFUSE_FORCE_PATH": "" if path == "auto" else path, **switch_env(choice)}
+    if tuning:
+        env.update(zip(TUNING_ENV, tuning.split(",")))
+    return True, env
+
+
+def nodes_off_cuda(sess) -> dict[str, int] | None:
+    """The session's nodes not on CUDAExecutionProvider, counted by "op_type on provider"; None where this
+    onnxruntime records no assignment (get_provider_graph_assignment_info: onnxruntime 1.24 and later)."""
+    if not hasattr(sess, "get_provider_graph_assignment_info"):
+        return None
+    counts: dict[str, int] = {}
+    for subgraph in sess.get_provider_graph_assignment_info():
+        if subgraph.ep_name != CUDA:
+            for node in subgraph.get_nodes():
+                key = f"{node.domain + '.' if node.domain else ''}{node.op_type} on {subgraph.ep_name}"
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def describe(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {key}" for key, n in sorted(counts.items()))
+
+
+def refused_because(ort, model: bytes, library: bool, error: Exception) -> str:
+    """Why a session with CPU fallback disabled was refused: the nodes onnxruntime puts off CUDA when fallback is
+    allowed (a probe session without CUDA graphs), else onnxruntime's own message."""
+    so = ort.SessionOptions()
+    so.add_session_config_entry(RECORD_ASSIGNMENT, "1")
+    if library:
+        so.register_custom_ops_library(hcfuse.get_library_path())
+    try:
+        off = nodes_off_cuda(ort.InferenceSession(model, so, providers=[CUDA]))
+    except Exception as probe_error:  # onnxruntime's error: the model cannot run at all
+        return f"no session: {first_line(probe_error)}"
+    if off:
+        return f"not all on {CUDA}: {describe(off)} (no CUDA kernel)"
+    return f"no session: {first_line(error)}"
+
+
+def first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 class ChainRunner:
-    """One session (one variant, dtype and chain length) with a CUDA graph per row count."""
+    """One session (one variant, dtype and chain length) with a CUDA graph per row count; every node on CUDA
+    (VariantUnavailable otherwise)."""
 
     def __init__(self, ort, model: onnx.ModelProto, variant: str, elem: int, dtype):
+        library, env = variant_setup(variant)
         so = ort.SessionOptions()
-        env = {}
-        if variant not in ("stock", "matmul"):
+        so.add_session_config_entry(CPU_FALLBACK_OFF, "1")
+        so.add_session_config_entry(RECORD_ASSIGNMENT, "1")
+        if library:
             so.register_custom_ops_library(hcfuse.get_library_path())
-            path, _, tuning = variant.partition("@")
-            path, _, choice = path.partition("/")
-            env["HCFUSE_FORCE_PATH"] = "" if path == "auto" else path  # empty: the op picks
-            env.update(switch_env(choice))
-            if tuning:
-                env.update(zip(TUNING_ENV, tuning.split(",")))
+        serialized = model.SerializeToString()
         os.environ.update(env)  # read when the session creates its kernels
         try:
-            self.sess = ort.InferenceSession(model.SerializeToString(), so,
-                                             providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+            self.sess = ort.InferenceSession(serialized, so, providers=[(CUDA, {"enable_cuda_graph": "1"})])
+        except Exception as e:  # onnxruntime's error: a node off CUDA, no kernel at all, a failed kernel creation
+            raise VariantUnavailable(refused_because(ort, serialized, library, e)) from e
         finally:
             for name in env:
                 os.environ.pop(name, None)
+        off = nodes_off_cuda(self.sess)
+        if off:
+            raise VariantUnavailable(f"not all on {CUDA}: {describe(off)}")
         self.ort, self.elem, self.dtype = ort, elem, dtype
         self.outputs = [o.name for o in self.sess.get_outputs()]
         self.bindings: dict[int, tuple] = {}
@@ -250,17 +274,19 @@ def sm_clock_mhz() -> str:
         return "?"
 
 
-def floor_us(rows: int, itemsize: int) -> float:
-    """Bytes one block must move (weights once; streams in/out, prev/pre, gates) at the copy bandwidth."""
-    K = C * H
-    weights = (2 * K * R + K * C + K) * itemsize
+FLOORS = {"dense": "floor", "int4": "floor_int4"}  # the memory floor's key in a result row, per weight format
+NOT_VARIANTS = ("dtype", "rows", *FLOORS.values(), "compute_floor")
+
+
+def floor_us(rows: int, itemsize: int, fmt: str = "dense") -> float:
+    """Bytes one block must move (its format's weights once; streams in/out, prev/pre, gates) at the copy
+    bandwidth."""
     acts = rows * (2 * K + 2 * H + 2 * C) * itemsize
-    return (weights + acts) / MEMORY_BANDWIDTH * 1e6
+    return (weight_bytes(fmt, itemsize) + acts) / MEMORY_BANDWIDTH * 1e6
 
 
 def compute_floor_us(rows: int, dt: str) -> float:
     """The block's products (down, up, inject: 2 (2 K R + K C) flops a row, 13.2 M) at the matrix rate."""
-    K = C * H
     return rows * 2 * (2 * K * R + K * C) / MATRIX_RATE[dt] * 1e6
 
 
@@ -272,35 +298,56 @@ def ours(r: dict) -> float:
     return float("nan")
 
 
-def write_outputs(results: list[dict], out: Path, meta: str) -> None:
+def us(v: float) -> str:
+    return "n/a" if np.isnan(v) else f"{v:.2f}"
+
+
+def ratio(a: float, b: float, fmt: str, suffix: str = "") -> str:
+    return "n/a" if np.isnan(a) or np.isnan(b) or b == 0 else format(a / b, fmt) + suffix
+
+
+def table_lines(results: list[dict], meta: str, notes: list[str]) -> list[str]:
+    """The markdown table: each variant's us per block, the floors, and per weight format hcfuse's fraction of
+    its floor and speedup over the stock chain of the same weights."""
+    first = results[0]
+    variants = [k for k in first if k not in NOT_VARIANTS and k != "matmul"]
+    dense = any(k in first for k in OURS)
+    int4 = "nbits" in first
+    head = [f" {k} |" for k in variants] + [" memory floor |"] + [" int4 memory floor |"] * ("floor_int4" in first)
+    head += [" compute floor |"]
+    head += [" fraction of floor | speedup vs stock |"] * dense
+    head += [" nbits fraction of int4 floor | nbits speedup vs stock-int4 |"] * int4
+    over = [k for k in ("hcfuse", "stock", "nbits", "stock-int4") if k in first or (k == "hcfuse" and dense)]
+    if "matmul" in first:  # real-model variant: what the blocks add to the MatMuls alone
+        head += [" matmul |"] + [f" {k} over matmul |" for k in over]
+    lines = [f"# HyperConnectionLowRankMix benchmark ({meta})", "",
+             "us per block (slope 96 vs 48 blocks); memory floor = the block's weights + activations once at 4.24 TB/s "
+             "(int4: B and scales of both projections); compute floor = the products at the matrix rate;",
+             "hcfuse = auto, else fast, else general; fraction = max(floors) / hcfuse; speedup = stock / hcfuse "
+             "(int4: the same with nbits, stock-int4 and the int4 floor).", "",
+             "| dtype | rows |" + "".join(head), "|---|---|" + "---|" * "".join(head).count("|")]
+    for r in results:
+        mine, compute = ours(r), r["compute_floor"]
+        cells = [us(r[k]) for k in variants] + [f"{r['floor']:.2f}"]
+        cells += [f"{r['floor_int4']:.2f}"] * ("floor_int4" in r) + [f"{compute:.2f}"]
+        if dense:
+            cells += [ratio(max(r["floor"], compute), mine, ".0%"), ratio(r.get("stock", np.nan), mine, ".2f", "x")]
+        if int4:
+            cells += [ratio(max(r["floor_int4"], compute), r["nbits"], ".0%"),
+                      ratio(r.get("stock-int4", np.nan), r["nbits"], ".2f", "x")]
+        if "matmul" in r:
+            cells += [us(r["matmul"])] + [us((mine if k == "hcfuse" else r[k]) - r["matmul"]) for k in over]
+        lines.append(f"| {r['dtype']} | {r['rows']} |" + "".join(f" {c} |" for c in cells))
+    return lines + ([""] + [f"- {note}" for note in notes] if notes else [])
+
+
+def write_outputs(results: list[dict], out: Path, meta: str, notes: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "decode.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(results[0]))
         w.writeheader()
         w.writerows(results)
-    variants = [k for k in results[0] if k not in ("dtype", "rows", "floor", "compute_floor", "matmul")]
-    lines = [f"# HyperConnectionLowRankMix benchmark ({meta})", "",
-             "us per block (slope 96 vs 48 blocks); memory floor = weights + activations once at 4.24 TB/s;",
-             "compute floor = the products at the matrix rate; hcfuse = auto, else fast, else general;",
-             "fraction = max(floors) / hcfuse; speedup = stock / hcfuse.", "",
-             "| dtype | rows |" + "".join(f" {k} |" for k in variants)
-             + " memory floor | compute floor | fraction of floor | speedup vs stock |",
-             "|---|---|" + "---|" * len(variants) + "---|---|---|---|"]
-
-    def us(v: float) -> str:
-        return "n/a" if np.isnan(v) else f"{v:.2f}"
-
-    if "matmul" in results[0]:  # real-model variant: what the blocks add to the MatMuls alone
-        lines[-2] += " matmul | hcfuse over matmul | stock over matmul |"
-        lines[-1] += "---|---|---|"
-    for r in results:
-        mine, stock = ours(r), r.get("stock", float("nan"))
-        over = (f" {us(r['matmul'])} | {us(mine - r['matmul'])} | {us(stock - r['matmul'])} |"
-                if "matmul" in r else "")
-        bound = max(r["floor"], r["compute_floor"])
-        lines.append(f"| {r['dtype']} | {r['rows']} |" + "".join(f" {us(r[k])} |" for k in variants)
-                     + f" {r['floor']:.2f} | {r['compute_floor']:.2f} | {bound / mine:.0%} | {stock / mine:.2f}x |"
-                     + over)
+    lines = table_lines(results, meta, notes)
     (out / "decode.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, out / "decode.png")
@@ -316,19 +363,23 @@ def plot(results: list[dict], path: Path) -> None:
         print("bench_decode: matplotlib missing; plot later with --plot-from", path.parent / "decode.csv")
         return
     dtypes = sorted({r["dtype"] for r in results})
-    variants = [k for k in results[0] if k not in ("dtype", "rows", "floor", "compute_floor")]
-    styles = {"stock": "s-", "general": "^-", "fast": "o-", "auto": "o-", "matmul": "x-"}
+    variants = [k for k in results[0] if k not in NOT_VARIANTS]
+    styles = {"stock": "s-", "general": "^-", "fast": "o-", "auto": "o-", "matmul": "x-", "nbits": "v-",
+              "stock-int4": "P-"}
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
     for ax, dt in zip(axes[0], dtypes):
         rs = [r for r in results if r["dtype"] == dt]
         rows = [r["rows"] for r in rs]
         for key in variants:
             if not all(np.isnan(r[key]) for r in rs):
-                ax.plot(rows, [r[key] for r in rs], styles.get(key, ".-"), label=f"hcfuse {key}" if key != "stock" else key)
+                ax.plot(rows, [r[key] for r in rs], styles.get(key, ".-"),
+                        label=key if key in STOCK or key == "matmul" else f"hcfuse {key}")
         published = [(n, PUBLISHED_BF16[n]) for n in rows if dt == "bf16" and n in PUBLISHED_BF16]
         if published:
             ax.plot(*zip(*published), "D--", color="gray", label="ONNX Runtime 1.32 fused op (published)")
         ax.plot(rows, [r["floor"] for r in rs], "k--", label="memory floor (4.24 TB/s)")
+        if "floor_int4" in rs[0]:
+            ax.plot(rows, [r["floor_int4"] for r in rs], "--", color="gray", label="int4 memory floor")
         ax.plot(rows, [r["compute_floor"] for r in rs], "k:", label="compute floor")
         ax.set_xscale("log", base=2)
         ax.set_xticks(rows, [str(x) for x in rows], rotation=45 if len(rows) > 8 else 0)
@@ -362,8 +413,14 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=1e9,
                     help="fewer replays (at least 2) where one repetition would take longer than this")
     ap.add_argument("--sublayer", action="store_true",
-                    help="real-model variant: an H x H MatMul between blocks; adds the 'matmul' variant (the "
-                         "MatMuls alone) and the blocks' cost over it")
+                    help="real-model variant: an H x H MatMul between blocks (dense, the same for every variant); "
+                         "adds the 'matmul' variant (the MatMuls alone) and the blocks' cost over it")
+    ap.add_argument("--weight-sets", type=int, nargs=2, default=[WEIGHT_SETS["dense"], WEIGHT_SETS["int4"]],
+                    metavar=("DENSE", "INT4"), help="distinct weight sets cycling through a chain, per weight format")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: build every variant's models at 2 and 4 blocks, check them (onnx.checker, the "
+                         "quantizer against onnxruntime's, the int4 chain's unfusion and refusion) and compare fused "
+                         "and stock chains of 2 blocks on onnxruntime's CPU provider")
     ap.add_argument("--plot-from", type=Path, help="only plot an existing decode.csv")
     args = ap.parse_args()
     if args.plot_from:
@@ -372,59 +429,85 @@ def main() -> None:
                     for r in csv.DictReader(f)]
         plot(rows, args.plot_from.with_suffix(".png"))
         return
+    for v in args.variants:
+        if "/" in v or "@" in v:
+            switch_env(v.partition("@")[0].partition("/")[2])  # an unknown choice stops here
+        elif v not in (*VARIANTS, "auto"):
+            raise SystemExit(f"bench_decode: unknown variant {v!r}: one of {', '.join(VARIANTS)}, auto, PATH/CHOICE, "
+                             "fast@SS,HID")
+    if args.dry_run:
+        from decode_dry_run import dry_run
 
+        dry_run(args.dtypes, args.variants, args.sublayer, dict(zip(("dense", "int4"), args.weight_sets)))
+        return
+    measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     import onnxruntime as ort
 
+    if CUDA not in ort.get_available_providers():
+        raise SystemExit(f"bench_decode: this onnxruntime ({ort.__version__}) has no {CUDA}; --dry-run builds and "
+                         "checks the models without a GPU")
     switched = [v for v in args.variants if "/" in v or "@" in v]
-    for v in switched:
-        switch_env(v.partition("@")[0].partition("/")[2])  # an unknown choice stops here
     if switched and not library_reads_switches(ort):
         raise SystemExit(f"bench_decode: the variants {' '.join(switched)} set benchmark switches, but "
                          f"{hcfuse.get_library_path()} was built without them: build the library with "
                          "-DHCFUSE_DEV_KNOBS=ON (bench/build_kernels.sh SRC DIR LOG -DHCFUSE_DEV_KNOBS=ON)")
     rng = np.random.default_rng(6)
     short, long_ = args.blocks
-    results = []
+    set_counts = dict(zip(("dense", "int4"), args.weight_sets))
+    results, notes = [], []
+    variants = [*args.variants, "matmul"] if args.sublayer else list(args.variants)
+    formats = sorted({variant_format(v) for v in variants if v != "matmul"})
     for dt in args.dtypes:
         dtype, elem = DTYPES[dt]
-        weights = [random_weights(C, H, R, dtype, rng) for _ in range(WEIGHT_SETS)]
-        sublayers = ([(rng.standard_normal((H, H)) / np.sqrt(H)).astype(dtype) for _ in range(WEIGHT_SETS)]
-                     if args.sublayer else None)
-        variants = [*args.variants, "matmul"] if args.sublayer else args.variants
+        sublayers = sublayer_weights(dtype, rng, WEIGHT_SETS["dense"]) if args.sublayer else None
+        fused = {}  # (format, blocks) -> the fused chain
+        for fmt in formats:
+            sets = weight_sets(fmt, set_counts[fmt], dtype, rng)
+            fused.update({(fmt, n): chain_model(n, elem, sets, sublayers) for n in (short, long_)})
+            del sets
         times = {}  # (variant, blocks, rows) -> us per chain replay
-        fused = {n: chain_model(n, dtype, elem, weights, sublayers) for n in (short, long_)}
         for variant in variants:
             t0 = time.perf_counter()
-            runners = {}
-            for n in (short, long_):
-                if variant == "matmul":
-                    model = matmul_chain_model(n, elem, dtype, sublayers)
-                else:
-                    model = hcfuse.unfuse(fused[n]) if variant == "stock" else fused[n]
-                runners[n] = ChainRunner(ort, model, variant, elem, dtype)
+            fmt = variant_format(variant)
+            try:
+                runners = {n: ChainRunner(ort, variant_model(variant, fused.get((fmt, n)), elem, n, sublayers), variant,
+                                          elem, dtype) for n in (short, long_)}
+            except VariantUnavailable as e:
+                notes.append(f"{dt} {variant}: n/a, not timed: {e}")
+                print(f"{dt} {variant:10s} n/a, not timed: {e}", flush=True)
+                times.update({(variant, n, rows): float("nan") for n in (short, long_) for rows in args.rows})
+                continue
             for gid, rows in enumerate(args.rows):
                 t = time_chains(runners, rows, gid, args.reps, args.replays, args.slow_ms * 1e-3, args.rep_ms * 1e-3, rng)
-                for n, us in t.items():
-                    times[variant, n, rows] = us
+                for n, replay_us in t.items():
+                    times[variant, n, rows] = replay_us
                     runners[n].check_finite(rows)
             for n in (short, long_):
-                print(f"{dt} {variant:7s} {n:3d} blocks: " +
+                print(f"{dt} {variant:10s} {n:3d} blocks: " +
                       " ".join(f"{r}:{times[variant, n, r]:.0f}" for r in args.rows) + " us/replay", flush=True)
-            print(f"{dt} {variant:7s} ({time.perf_counter() - t0:.1f} s, SM clock after it {sm_clock_mhz()} MHz)",
+            print(f"{dt} {variant:10s} ({time.perf_counter() - t0:.1f} s, SM clock after it {sm_clock_mhz()} MHz)",
                   flush=True)
             del runners
+        del fused
+        itemsize = np.dtype(dtype).itemsize
         for rows in args.rows:
             rec = {"dtype": dt, "rows": rows}
             for variant in variants:
                 rec[variant] = (times[variant, long_, rows] - times[variant, short, rows]) / (long_ - short)
-            rec["floor"] = floor_us(rows, np.dtype(dtype).itemsize)
+            rec["floor"] = floor_us(rows, itemsize)
+            if "int4" in formats:
+                rec["floor_int4"] = floor_us(rows, itemsize, "int4")
             rec["compute_floor"] = compute_floor_us(rows, dt)
             results.append(rec)
         meta = (("real-model variant (H x H MatMul between blocks; 'matmul' = the MatMuls alone), " if args.sublayer
-                 else "") + f"onnxruntime {ort.__version__}, {short}/{long_} blocks, best of {args.reps} x {args.replays} replays "
-                f"({SLOW_REPS} x where a replay takes over {args.slow_ms:g} ms; replays cut to fit {args.rep_ms:g} ms "
-                "a repetition, at least 2)")
-        write_outputs(results, args.out, meta)  # after each dtype, so a cut-short run keeps what it measured
+                 else "") + f"onnxruntime {ort.__version__}, {short}/{long_} blocks, "
+                f"{' and '.join(f'{set_counts[f]} {f} weight sets' for f in formats)}, best of {args.reps} x "
+                f"{args.replays} replays ({SLOW_REPS} x where a replay takes over {args.slow_ms:g} ms; replays cut to "
+                f"fit {args.rep_ms:g} ms a repetition, at least 2)")
+        write_outputs(results, args.out, meta, notes)  # after each dtype, so a cut-short run keeps what it measured
 
 
 if __name__ == "__main__":
