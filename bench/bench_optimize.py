@@ -1,19 +1,26 @@
-"""Benchmark: `hcfuse optimize` on the full-size bf16 decode model with external data, against the floor.
+"""Benchmark: `hcfuse optimize` on the full-size decode model with external data, dense and int4, against the floor.
+
+Two weight formats of the same builder-shaped bf16 model (hcfuse.models.qwen_decode: C=4, H=2560, R=320, H x H
+MatMul stand-in sublayers): "dense" (96 blocks hold about 2.5 GB of weights) and "int4", that model quantized
+as onnxruntime-genai's int4 build quantizes it (hcfuse.models.quantized: MatMulNBitsQuantizer(block_size=32,
+is_symmetric=True, accuracy_level=4) over every MatMul, the blocks' projections and the sublayers; 96 blocks
+hold about 0.7 GB), whose blocks fuse into HyperConnectionLowRankMixNBits.
 
 The floor is what any such tool pays: onnx-ir loading the same model (external weights mapped
 lazily) and saving it with its external data, then flushing the written files to disk (fsync), since
 hcfuse commits model and data durably (a power loss after the commit never leaves a model reading data
-that is not on disk) and the flush of 2.5 GB is disk time no such tool avoids. Each run is a fresh subprocess; its wall time and peak
-RSS (ru_maxrss from wait4) are measured, best of --repeat runs. Models of 24/48/96 blocks
-(C=4, H=2560, R=320, H x H MatMul stand-in sublayers; 96 blocks hold about 2.5 GB of weights) are
-generated once into --work-dir and removed afterwards unless --keep.
+that is not on disk) and the flush of 2.5 GB is disk time no such tool avoids. Each run is a fresh subprocess;
+its wall time and peak RSS (ru_maxrss from wait4) are measured, best of --repeat runs. Models of 24/48/96 blocks
+are generated once into --work-dir (the int4 ones through onnxruntime's quantizer: about 45 s and 3.3 GB of
+memory at 96 blocks) and removed afterwards unless --keep.
 
 Targets: optimize <= 1.5x the floor's time, < 512 MB peak RSS, cost linear in blocks.
 With --without-value-info the models carry no value_info (as many exporters write them): the fusion
 then derives the shapes it needs from the graph, and the table's fused / prologue columns show that
 every block and every prologue (all but block 0's) is still fused.
 
-    python3 bench/bench_optimize.py [--blocks 24 48 96] [--repeat 2] [--without-value-info] [--work-dir DIR] [--keep]
+    python3 bench/bench_optimize.py [--blocks 24 48 96] [--formats dense int4] [--repeat 2] [--without-value-info]
+        [--work-dir DIR] [--keep]
 
 Prints a markdown table and writes it to bench/out/optimize.md.
 """
@@ -31,6 +38,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_RATIO, TARGET_RSS_MB = 1.5, 512
+FORMATS = ("dense", "int4")
+# onnxruntime-genai's int4 build: MatMulNBitsQuantizer's options (hcfuse.models.quantized.quantize_model)
+INT4 = {"bits": 4, "block_size": 32, "symmetric": True, "accuracy_level": 4}
 
 _FLOOR = (
     "import os, sys, onnx_ir as ir; src, dst = sys.argv[1:3]; "
@@ -39,8 +49,10 @@ _FLOOR = (
 )
 _GENERATE = (
     "import os, sys, ml_dtypes, onnx_ir as ir; from hcfuse.models.qwen_decode import build_decode_model; "
-    "src, blocks, drop = sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1'; "
+    "src, blocks, drop, fmt = sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1', sys.argv[4]; "
     "model = build_decode_model(blocks, dtype=ml_dtypes.bfloat16); "
+    "from hcfuse.models.quantized import quantize_model; "
+    "model = ir.from_proto(quantize_model(ir.to_proto(model), **" + repr(INT4) + ")) if fmt == 'int4' else model; "
     "values = [v for node in model.graph for v in node.outputs if drop and not v.is_graph_output()]; "
     "[(setattr(v, 'shape', None), setattr(v, 'type', None)) for v in values]; "
     "ir.save(model, src, external_data=os.path.basename(src) + '.data')"
@@ -83,42 +95,47 @@ def _fusion_counts(report_path: str) -> tuple[int, int]:
     return len(fused), sum(bool(block.get("prologue")) for block in fused)
 
 
-def run(blocks: list[int], repeat: int, work_dir: str, without_value_info: bool = False) -> list[dict]:
+def run(blocks: list[int], repeat: int, work_dir: str, without_value_info: bool = False,
+        formats: tuple[str, ...] = ("dense",)) -> list[dict]:
     rows = []
-    for n in blocks:
-        src = os.path.join(work_dir, f"decode_{n}{'_no_value_info' if without_value_info else ''}.onnx")
-        gen_s = None
-        if not os.path.exists(src + ".data"):
-            gen_s, _ = _measure([sys.executable, "-c", _GENERATE, src, str(n), "1" if without_value_info else "0"])
-        weights_gb = os.path.getsize(src + ".data") / 1e9
-        out = os.path.join(work_dir, f"out_{n}.onnx")
-        _best([sys.executable, "-c", _FLOOR, src, out], out, 1)  # warm the page cache
-        floor_s, floor_mb = _best([sys.executable, "-c", _FLOOR, src, out], out, repeat)
-        report = os.path.join(work_dir, f"report_{n}.json")
-        opt_s, opt_mb = _best([sys.executable, "-m", "hcfuse", "optimize", src, "-o", out, "--report", report],
-                              out, repeat)
-        fused, prologues = _fusion_counts(report)
-        os.remove(report)
-        rows.append(dict(blocks=n, weights_gb=weights_gb, gen_s=gen_s, floor_s=floor_s, floor_mb=floor_mb,
-                         opt_s=opt_s, opt_mb=opt_mb, fused=fused, prologues=prologues))
-        print(f"{n} blocks: floor {floor_s:.2f} s {floor_mb:.0f} MB, optimize {opt_s:.2f} s {opt_mb:.0f} MB, "
-              f"fused {fused} ({prologues} with their prologue)", file=sys.stderr, flush=True)
+    for fmt in formats:
+        for n in blocks:
+            name = f"decode_{'int4_' if fmt == 'int4' else ''}{n}{'_no_value_info' if without_value_info else ''}"
+            src = os.path.join(work_dir, name + ".onnx")
+            gen_s = None
+            if not os.path.exists(src + ".data"):
+                gen_s, _ = _measure([sys.executable, "-c", _GENERATE, src, str(n), "1" if without_value_info else "0",
+                                     fmt])
+            weights_gb = os.path.getsize(src + ".data") / 1e9
+            out = os.path.join(work_dir, f"out_{n}.onnx")
+            _best([sys.executable, "-c", _FLOOR, src, out], out, 1)  # warm the page cache
+            floor_s, floor_mb = _best([sys.executable, "-c", _FLOOR, src, out], out, repeat)
+            report = os.path.join(work_dir, f"report_{n}.json")
+            opt_s, opt_mb = _best([sys.executable, "-m", "hcfuse", "optimize", src, "-o", out, "--report", report],
+                                  out, repeat)
+            fused, prologues = _fusion_counts(report)
+            os.remove(report)
+            rows.append(dict(format=fmt, blocks=n, weights_gb=weights_gb, gen_s=gen_s, floor_s=floor_s,
+                             floor_mb=floor_mb, opt_s=opt_s, opt_mb=opt_mb, fused=fused, prologues=prologues))
+            print(f"{fmt} {n} blocks: floor {floor_s:.2f} s {floor_mb:.0f} MB, optimize {opt_s:.2f} s {opt_mb:.0f} MB, "
+                  f"fused {fused} ({prologues} with their prologue)", file=sys.stderr, flush=True)
     return rows
 
 
 def markdown(rows: list[dict], without_value_info: bool = False) -> str:
     lines = [
-        f"Models {'without' if without_value_info else 'with'} value_info.",
+        f"Models {'without' if without_value_info else 'with'} value_info; int4: every MatMul as MatMulNBits "
+        "(4 bits, block 32, symmetric, accuracy_level 4), the blocks fusing into HyperConnectionLowRankMixNBits.",
         "",
-        "| blocks | weights (GB) | floor: onnx-ir load + save + fsync (s) | floor peak RSS (MB) "
+        "| weights | blocks | weights (GB) | floor: onnx-ir load + save + fsync (s) | floor peak RSS (MB) "
         "| hcfuse optimize (s) | optimize peak RSS (MB) | time / floor | s per block (optimize) "
         "| fused | with prologue |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['blocks']} | {r['weights_gb']:.2f} | {r['floor_s']:.2f} | {r['floor_mb']:.0f} | {r['opt_s']:.2f} "
-            f"| {r['opt_mb']:.0f} | {r['opt_s'] / r['floor_s']:.2f}x | {r['opt_s'] / r['blocks']:.3f} "
+            f"| {r['format']} | {r['blocks']} | {r['weights_gb']:.2f} | {r['floor_s']:.2f} | {r['floor_mb']:.0f} "
+            f"| {r['opt_s']:.2f} | {r['opt_mb']:.0f} | {r['opt_s'] / r['floor_s']:.2f}x | {r['opt_s'] / r['blocks']:.3f} "
             f"| {r['fused']} | {r['prologues']} |"
         )
     worst_ratio = max(r["opt_s"] / r["floor_s"] for r in rows)
@@ -127,21 +144,25 @@ def markdown(rows: list[dict], without_value_info: bool = False) -> str:
     lines.append(f"Targets: time <= {TARGET_RATIO}x floor (worst {worst_ratio:.2f}x: "
                  f"{'met' if worst_ratio <= TARGET_RATIO else 'NOT met'}), peak RSS < {TARGET_RSS_MB} MB "
                  f"(worst {worst_rss:.0f} MB: {'met' if worst_rss < TARGET_RSS_MB else 'NOT met'}).")
-    if len(rows) > 1:
-        a, b = rows[0], rows[-1]
-        slope = (b["opt_s"] - a["opt_s"]) / (b["blocks"] - a["blocks"])
-        lines.append(f"Slope between {a['blocks']} and {b['blocks']} blocks: {slope * 1000:.1f} ms per block "
-                     f"(floor {(b['floor_s'] - a['floor_s']) / (b['blocks'] - a['blocks']) * 1000:.1f} ms).")
+    for fmt in dict.fromkeys(r["format"] for r in rows):
+        mine = [r for r in rows if r["format"] == fmt]
+        if len(mine) > 1:
+            a, b = mine[0], mine[-1]
+            slope = (b["opt_s"] - a["opt_s"]) / (b["blocks"] - a["blocks"])
+            lines.append(f"{fmt}: slope between {a['blocks']} and {b['blocks']} blocks: {slope * 1000:.1f} ms per block "
+                         f"(floor {(b['floor_s'] - a['floor_s']) / (b['blocks'] - a['blocks']) * 1000:.1f} ms).")
     gen = [r for r in rows if r["gen_s"] is not None]
     if gen:
         lines.append("Generating the models (not timed above): "
-                     + ", ".join(f"{r['blocks']} blocks {r['gen_s']:.1f} s" for r in gen) + ".")
+                     + ", ".join(f"{r['format']} {r['blocks']} blocks {r['gen_s']:.1f} s" for r in gen) + ".")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[24, 48, 96])
+    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS,
+                        help="weight formats: dense (bf16) and int4 (the same model through MatMulNBitsQuantizer)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--work-dir", help="where models are generated (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the generated models")
@@ -152,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(work_dir, exist_ok=True)
     existing = set(os.listdir(work_dir))
     try:
-        rows = run(args.blocks, args.repeat, work_dir, args.without_value_info)
+        rows = run(args.blocks, args.repeat, work_dir, args.without_value_info, tuple(args.formats))
     finally:
         if not args.keep:  # remove what this run generated, never what was there before
             for name in set(os.listdir(work_dir)) - existing:
