@@ -1,9 +1,8 @@
 // The library's one exported entry point: ONNX Runtime calls RegisterCustomOps when a session's
 // options register this library. It adds com.microsoft::HyperConnectionLowRankMix for every
-// provider built in, and ai.hcfuse::HyperConnectionLowRankMixNBits for the CPU provider only: with
-// no CUDA kernel registered for it, a CUDA session places that node on the CPU provider (ORT
-// copies its inputs and outputs across and logs the fallback) instead of failing. The ORT API comes from the pointer ORT passes (ORT_API_MANUAL_INIT: no link
-// against libonnxruntime), and no exception crosses this C boundary.
+// provider built in, and ai.hcfuse::HyperConnectionLowRankMixNBits for the CPU provider and, in a
+// CUDA build, the CUDA provider. The ORT API comes from the pointer ORT passes (ORT_API_MANUAL_INIT:
+// no link against libonnxruntime), and no exception crosses this C boundary.
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -14,6 +13,7 @@
 #include "ort/hc_lowrank_mix_nbits_op_cpu.h"
 #include "ort/hc_lowrank_mix_op.h"
 #ifdef HCFUSE_WITH_CUDA
+#include "ort/hc_lowrank_mix_nbits_op_cuda.h"
 #include "ort/hc_lowrank_mix_op_cuda.h"
 #endif
 
@@ -54,7 +54,10 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     hcfuse::RegisterCudaOps(domain);
 #endif
     Ort::CustomOpDomain nbits_domain{hcfuse::kNBitsDomain};
-    hcfuse::RegisterNBitsCpuOps(nbits_domain);  // CPU only: no CUDA kernel of it exists yet
+    hcfuse::RegisterNBitsCpuOps(nbits_domain);
+#ifdef HCFUSE_WITH_CUDA
+    hcfuse::RegisterNBitsCudaOps(nbits_domain);
+#endif
     Ort::UnownedSessionOptions session_options(options);
     session_options.Add(domain);
     session_options.Add(nbits_domain);

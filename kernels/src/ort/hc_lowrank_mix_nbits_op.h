@@ -1,6 +1,6 @@
 // Attributes, inputs and shapes of ai.hcfuse::HyperConnectionLowRankMixNBits, checked once for every
-// provider. The inputs and attributes it shares with the dense op (streams, norm_scale, the prologue,
-// num_branches and the five float attributes) go through the dense op's own checks
+// provider, and the op's registration shared by the CPU and CUDA kernels (HcNBitsOp). The inputs and
+// attributes it shares with the dense op (streams, norm_scale, the prologue, num_branches and the five float attributes) go through the dense op's own checks
 // (ReadHcLowRankMixAttrs, ResolveHcLowRankMixParams), under this op's name;
 // what is the quantized op's own (each projection dense or MatMulNBits' B, scales and zero points;
 // bits and block_size) is checked here, every shape against K, N, bits and block_size before a
@@ -9,10 +9,12 @@
 
 #include <onnxruntime_cxx_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/hc_nbits_cpu.h"
@@ -212,5 +214,142 @@ inline std::string ResolveHcNBitsForm(const std::vector<HcNBitsTensorInfo>& in, 
   }
   return detail::CheckProjection(in, kUpWeight, R, width, a, &form->up);
 }
+
+// ORT's element type of T (float, Ort::Float16_t, Ort::BFloat16_t).
+template <typename T>
+constexpr ONNXTensorElementDataType kNBitsElementType =
+    std::is_same_v<T, float> ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+    : std::is_same_v<T, Ort::Float16_t> ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
+                                        : ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+
+namespace detail {
+
+inline const char* ElementTypeName(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "double";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    default: return "another element type";
+  }
+}
+
+}  // namespace detail
+
+// One call of the op, checked: the form, each input's data (null where absent) and the outputs.
+template <typename T>
+struct HcNBitsCall {
+  HcNBitsForm form;
+  std::array<const void*, kNumNBitsInputs> data{};
+  HcOutputPtrs<T> out;
+
+  // Projection `weight` (kDownInjectWeight or kUpWeight) as the math's pointers of S, T's storage type
+  // there (same bits): dense, or B, scales and the zero points in their form.
+  template <typename S>
+  HcNBitsProjection<S> Projection(size_t weight) const {
+    const HcNBitsProjectionForm& f = weight == kDownInjectWeight ? form.down_inject : form.up;
+    HcNBitsProjection<S> p;
+    if (!f.quantized) {
+      p.dense = static_cast<const S*>(data[weight]);
+      return p;
+    }
+    p.q = static_cast<const uint8_t*>(data[weight]);
+    p.scales = static_cast<const S*>(data[weight + 1]);
+    if (f.zero_points == HcNBitsTensorInfo::kUInt8) p.zero_points = static_cast<const uint8_t*>(data[weight + 2]);
+    if (f.zero_points == HcNBitsTensorInfo::kT) p.zero_points_t = static_cast<const S*>(data[weight + 2]);
+    return p;
+  }
+};
+
+// Reads the call's inputs from the kernel context (each typed per call: T, uint8 or another), checks them
+// (ResolveHcNBitsForm) and allocates the outputs. On success with rows == 0 there is nothing to compute.
+template <typename T>
+Ort::Status PrepareHcNBitsCall(OrtKernelContext* context, const HcNBitsAttrs& attrs, HcNBitsCall<T>* call) {
+  Ort::KernelContext ctx(context);
+  const size_t count = std::min<size_t>(ctx.GetInputCount(), kNumNBitsInputs);
+  std::vector<HcNBitsTensorInfo> info(kNumNBitsInputs);
+  for (size_t i = 0; i < count; ++i) {
+    const Ort::ConstValue value = ctx.GetInput(i);
+    if (!value) continue;  // an optional input given as an empty name
+    const Ort::TensorTypeAndShapeInfo ts = value.GetTensorTypeAndShapeInfo();
+    const ONNXTensorElementDataType type = ts.GetElementType();
+    info[i].kind = type == kNBitsElementType<T>                 ? HcNBitsTensorInfo::kT
+                   : type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 ? HcNBitsTensorInfo::kUInt8
+                                                                 : HcNBitsTensorInfo::kOther;
+    info[i].type_name = detail::ElementTypeName(type);
+    info[i].dims = ts.GetShape();
+    call->data[i] = value.GetTensorRawData();
+  }
+  const bool has_streams_out = ctx.GetOutputCount() > 2;
+  Ort::Status st = InvalidArgument(ResolveHcNBitsForm(info, has_streams_out, attrs, &call->form));
+  if (!st.IsOK()) return st;
+  return AllocateHcLowRankMixOutputs<T>(context, &call->form.params.mix, &call->out);
+}
+
+// The kernel ORT holds: Kernel(attrs) (may throw) with Ort::Status Compute(OrtKernelContext*) (may throw);
+// no exception crosses into ORT.
+template <typename Kernel>
+struct HcNBitsGuardedKernel {
+  explicit HcNBitsGuardedKernel(const HcNBitsAttrs& attrs) : kernel(attrs) {}
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* ctx) noexcept {
+    try {
+      return kernel.Compute(ctx).release();
+    } catch (...) {
+      return detail::StatusFromCurrentException(Ort::GetApi(), kNBitsOpName);
+    }
+  }
+
+  Kernel kernel;
+};
+
+// The op for one provider and T. Inputs: streams, norm_scale, the prologue and the scales are T; each
+// projection's weight (T or uint8) and zero points (uint8 or T) are left open and checked per call, so the
+// op is a plain OrtCustomOp that reads its inputs from the kernel context, not a lite op with fixed types.
+template <typename T, typename Kernel>
+struct HcNBitsOp : Ort::CustomOpBase<HcNBitsOp<T, Kernel>, HcNBitsGuardedKernel<Kernel>, /*WithStatus=*/true> {
+  explicit HcNBitsOp(const char* provider) : provider_(provider) {}
+
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const noexcept {
+    HcNBitsAttrs attrs;
+    if (OrtStatus* st = ReadHcNBitsAttrs(api, info, &attrs)) return st;
+    try {
+      *kernel = new HcNBitsGuardedKernel<Kernel>(attrs);
+      return nullptr;
+    } catch (...) {
+      return detail::StatusFromCurrentException(api, kNBitsOpName);
+    }
+  }
+  const char* GetName() const { return kNBitsOpName; }
+  const char* GetExecutionProviderType() const { return provider_; }
+  size_t GetInputTypeCount() const { return kNumNBitsInputs; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    switch (i) {
+      case kDownInjectWeight:
+      case kDownInjectZeroPoints:
+      case kUpWeight:
+      case kUpZeroPoints:
+        return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      default:
+        return kNBitsElementType<T>;
+    }
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    const bool required = i == kStreams || i == kNormScale || i == kDownInjectWeight || i == kUpWeight;
+    return required ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t /*i*/) const { return kNBitsElementType<T>; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+
+ private:
+  const char* provider_;
+};
 
 }  // namespace hcfuse

@@ -20,6 +20,7 @@
 #include "cuda/fast/hc_fast_path.h"
 #include "cuda/fast/hc_fast_plan.h"
 #include "cuda/general/hc_gemm.h"
+#include "ort/cuda_scratch.h"
 #include "ort/hc_lowrank_mix_op.h"
 
 namespace hcfuse {
@@ -148,27 +149,6 @@ Ort::Status LaunchFailure(const char* launcher, const std::string& error) {
                      ORT_RUNTIME_EXCEPTION);
 }
 
-// Device scratch from ORT's CUDA allocator, returned to it when the call ends. Reuse by later
-// kernels is ordered behind ours on the same compute stream, as for ORT's own scratch buffers.
-using Scratch = std::unique_ptr<void, std::function<void(void*)>>;
-
-Scratch AllocateScratch(OrtKernelContext* ctx, int device, size_t bytes) {
-  if (bytes == 0) return Scratch(nullptr, [](void*) {});
-  const Ort::MemoryInfo info("Cuda", OrtDeviceAllocator, device, OrtMemTypeDefault);
-  // KernelContext_GetAllocator hands out a new wrapper object on every call, which the caller
-  // releases (ReleaseAllocator): here once the scratch has gone back to it.
-  const std::shared_ptr<OrtAllocator> allocator(
-      Ort::KernelContext(ctx).GetAllocator(*static_cast<const OrtMemoryInfo*>(info)),
-      [](OrtAllocator* a) { Ort::GetApi().ReleaseAllocator(a); });
-  void* p = allocator->Alloc(allocator.get(), bytes);
-  if (p == nullptr) {
-    throw Ort::Exception(std::string(kOpName) + " (CUDA): ORT's allocator returned no memory for " +
-                             std::to_string(bytes) + " bytes of scratch",
-                         ORT_RUNTIME_EXCEPTION);
-  }
-  return Scratch(p, [allocator](void* q) { allocator->Free(allocator.get(), q); });
-}
-
 template <typename T>
 class CudaProvider {
  public:
@@ -224,7 +204,8 @@ class CudaProvider {
   }
 
   Ort::Status RunGeneral(OrtKernelContext* ctx, const HcLowRankMixParams& p, const Args& t, cudaStream_t stream) {
-    Scratch scratch = AllocateScratch(ctx, device_, cuda::HcGeneralScratchBytes<CT>(p, t, caps_, general_));
+    CudaScratch scratch =
+        AllocateCudaScratch(ctx, device_, cuda::HcGeneralScratchBytes<CT>(p, t, caps_, general_), kOpName);
     const cuda::HcLaunchStatus s =
         cuda::LaunchHcGeneral<CT>(p, t, caps_, general_, scratch.get(), gemm_, stream, debug_);
     return s.ok() ? Ort::Status{nullptr} : LaunchFailure("LaunchHcGeneral", s.Message());
@@ -233,7 +214,7 @@ class CudaProvider {
   Ort::Status RunFast(OrtKernelContext* ctx, const HcLowRankMixParams& p, const Args& t, const HcFastPlan& plan,
                       cudaStream_t stream) {
     if constexpr (kHasFastPath) {
-      Scratch scratch = AllocateScratch(ctx, device_, plan.scratch.total);
+      CudaScratch scratch = AllocateCudaScratch(ctx, device_, plan.scratch.total, kOpName);
       if (debug_) {
         std::fprintf(stderr, "hcfuse: %s fast path: %s; PDL %s, weights %s\n", kOpName,
                      cuda::HcFastLaunchSummary<CT>(plan).c_str(), plan.use_pdl ? "on" : "off",

@@ -1,0 +1,379 @@
+// CUDA kernels of ai.hcfuse::HyperConnectionLowRankMixNBits (launcher: hc_nbits_cuda.h). Every T, bits 4
+// and 8, every block_size, zero points absent, packed or T, each projection dense or quantized, any shape
+// and row count.
+//
+// Order of operations (docs/QUANTIZED.md, "CUDA kernel"); each is fixed by the shape alone, never by the row
+// count, the chunk, the row tile or the grid, so results are deterministic and row independent:
+//   norm's sum of squares: per thread strided over h (thread t: h = t, t + 256, ...; MulAdd), a warp
+//     butterfly, the warp sums added in warp order (BlockSum), as the dense general path;
+//   a product out[n] = sum_k x[k] w[k, n] (down_inject: K = C*H; up: K = R): K cut into slices of
+//     kHcNBitsSliceK (the last one shorter); within a slice k ascends from the slice's first k in one fmaf
+//     chain from 0; the slices' fp32 partials are added in slice order from 0 by the epilogue kernel;
+//   pre_output: branches added in order c = 0, ..., C-1 (MulAdd), then times reduction_scale.
+// A quantized weight is (q - zero point) * scale in fp32, the CPU kernel's arithmetic: q and the zero point
+// widened to fp32 (a zero point of T exactly), one __fsub_rn, one __fmul_rn; it enters the product as fp32.
+// Every rounding point goes through RoundToT / FromFloat, the gate through PostGate, the SiLU through
+// ScaledSilu (hc_common.cuh).
+#include "cuda/nbits/hc_nbits_cuda.h"
+
+#include <algorithm>
+
+#include "cuda/common/hc_common.cuh"
+
+namespace hcfuse {
+namespace cuda {
+namespace {
+
+constexpr int kNormThreads = 256;
+constexpr int kProductThreads = 128;  // one column of the product a thread
+constexpr int kEpilogueThreads = 256;
+constexpr int kChunkK = 16;  // k per load of B: 8 bytes at 4 bits, 16 at 8 (block_size >= 16 divides into them)
+constexpr int kSliceK = static_cast<int>(kHcNBitsSliceK);  // as a value device code can take
+constexpr int kChunksPerSlice = kSliceK / kChunkK;
+constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid cap of the grid-stride kernels
+constexpr size_t kScratchAlign = 256;
+
+size_t AlignUp(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename T>
+struct NormArgs {
+  const T* streams;            // (rows, C*H), the chunk's first row
+  const T* norm_scale;         // (C*H)
+  const T* prev_block_output;  // (rows, H), null without the prologue
+  const T* prev_post_gate;     // (rows, C)
+  T* streams_out;              // null when not requested
+  T* hn;                       // (rows, C*H)
+  int64_t rows, C, H;
+  float epsilon;
+};
+
+// S of feature h of one branch of one row: streams as they are, or the prologue's multiply-add rounded to T.
+template <typename T, bool PROLOGUE>
+__device__ __forceinline__ T FormS(const NormArgs<T>& a, int64_t row, int64_t c, int64_t h, float gate) {
+  const T s = a.streams[(row * a.C + c) * a.H + h];
+  if constexpr (PROLOGUE) {
+    // rounding point: S
+    return FromFloat<T>(PrologueS<T>(ToFloat(s), gate, ToFloat(a.prev_block_output[row * a.H + h])));
+  } else {
+    return s;
+  }
+}
+
+// One block per (row, branch), grid-stride: S and streams_out, the branch's sum of squares (thread-strided
+// over h, BlockSum), 1 / rms, then hn from S formed again (the same operations, the same bits).
+template <typename T, bool PROLOGUE>
+__global__ void __launch_bounds__(kNormThreads) HcNBitsNormKernel(NormArgs<T> a) {
+  __shared__ float warp_sums[32];
+  for (int64_t item = blockIdx.x; item < a.rows * a.C; item += gridDim.x) {
+    const int64_t row = item / a.C, c = item - row * a.C;
+    const float gate = PROLOGUE ? ToFloat(a.prev_post_gate[row * a.C + c]) : 0.0f;
+    const int64_t base = (row * a.C + c) * a.H;
+    float sum_sq = 0.0f;
+    for (int64_t h = threadIdx.x; h < a.H; h += blockDim.x) {
+      const T s = FormS<T, PROLOGUE>(a, row, c, h, gate);
+      if (a.streams_out != nullptr) a.streams_out[base + h] = s;
+      sum_sq = MulAdd<T>(ToFloat(s), ToFloat(s), sum_sq);
+    }
+    const float inv_rms = BranchInvRms(BlockSum(sum_sq, warp_sums), a.H, a.epsilon);
+    for (int64_t h = threadIdx.x; h < a.H; h += blockDim.x) {
+      const float s = ToFloat(FormS<T, PROLOGUE>(a, row, c, h, gate));
+      // rounding point: hn
+      a.hn[base + h] = FromFloat<T>(NormalizeHn(s, inv_rms, ToFloat(a.norm_scale[c * a.H + h])));
+    }
+  }
+}
+
+template <typename T>
+struct ProductArgs {
+  const T* x;  // (rows, K) activations of the chunk
+  HcNBitsProjection<T> w;
+  int64_t rows, K, N, block_size;
+  float* partial;  // [slices][rows][N]
+};
+
+// The zero point of column n's quantization block b as fp32 (the CPU kernel's widening).
+template <typename T, int BITS>
+__device__ __forceinline__ float ZeroPoint(const HcNBitsProjection<T>& w, int64_t n, int64_t b, int64_t k_blocks) {
+  if (w.zero_points_t != nullptr) return ToFloat(w.zero_points_t[n * k_blocks + b]);
+  if (w.zero_points != nullptr) {
+    const int64_t row_bytes = (k_blocks * BITS + 7) / 8;
+    if constexpr (BITS == 8) {
+      return static_cast<float>(w.zero_points[n * row_bytes + b]);
+    } else {
+      return static_cast<float>((w.zero_points[n * row_bytes + b / 2] >> (4 * (b % 2))) & 15);
+    }
+  }
+  return static_cast<float>(1 << (BITS - 1));
+}
+
+// Partial sums of one K slice for kProductThreads columns and RT rows: block = (slice, column group, row
+// tile). The tile's activations of the slice are staged in shared memory as fp32; a thread owns column n and
+// accumulates acc[r] = fmaf(x[r][k], w[k][n], acc[r]) for k ascending from the slice's start, each weight
+// made once for the RT rows. BITS 0: dense T weights [K, N] (loads coalesced across the columns); 4 or 8:
+// B's row n, whose slice is one contiguous run of bytes, loaded as 8-byte words, all before the arithmetic.
+// RT changes how many rows share a weight, not any row's operations.
+template <typename T, int BITS, int RT>
+__global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductArgs<T> a) {
+  __shared__ float xs[RT][kSliceK];
+  const int64_t column_groups = CeilDiv(a.N, kProductThreads);
+  const int64_t slices = CeilDiv(a.K, kSliceK);
+  const int64_t row_tiles = CeilDiv(a.rows, RT);
+  const int64_t n_items = slices * column_groups * row_tiles;
+  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const int64_t tile = item / (slices * column_groups);
+    const int64_t rest = item - tile * slices * column_groups;
+    const int64_t slice = rest / column_groups, group = rest - slice * column_groups;
+    const int64_t k0 = slice * kSliceK, row0 = tile * RT;
+    const int klen = static_cast<int>(std::min<int64_t>(int64_t{kSliceK}, a.K - k0));
+    __syncthreads();  // the previous item's readers are done with xs
+    for (int i = threadIdx.x; i < RT * kSliceK; i += blockDim.x) {
+      const int r = i / kSliceK, k = i % kSliceK;
+      xs[r][k] = row0 + r < a.rows && k < klen ? ToFloat(a.x[(row0 + r) * a.K + k0 + k]) : 0.0f;
+    }
+    __syncthreads();
+    const int64_t n = group * kProductThreads + threadIdx.x;
+    if (n >= a.N) continue;
+    float acc[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) acc[r] = 0.0f;
+    if constexpr (BITS == 0) {
+      const T* w = a.w.dense + k0 * a.N + n;
+      for (int k = 0; k < klen; ++k) {
+        const float wk = ToFloat(w[k * a.N]);
+#pragma unroll
+        for (int r = 0; r < RT; ++r) acc[r] = fmaf(xs[r][k], wk, acc[r]);
+      }
+    } else {
+      constexpr int kWordsPerChunk = kChunkK * BITS / 64;  // 8-byte words of a chunk: 1 at 4 bits, 2 at 8
+      const int64_t k_blocks = CeilDiv(a.K, a.block_size);
+      const uint8_t* column = a.w.q + n * (k_blocks * a.block_size * BITS / 8) + k0 * BITS / 8;
+      const int chunks = (klen + kChunkK - 1) / kChunkK;
+      uint2 raw[kChunksPerSlice][kWordsPerChunk];
+#pragma unroll
+      for (int c = 0; c < kChunksPerSlice; ++c) {
+        if (c < chunks) {
+#pragma unroll
+          for (int u = 0; u < kWordsPerChunk; ++u) {
+            raw[c][u] = __ldg(reinterpret_cast<const uint2*>(column + c * (kChunkK * BITS / 8)) + u);
+          }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kChunksPerSlice; ++c) {
+        if (c >= chunks) break;
+        const int64_t b = (k0 + c * kChunkK) / a.block_size;  // a chunk never leaves its block
+        const float scale = ToFloat(a.w.scales[n * k_blocks + b]);
+        const float zero = ZeroPoint<T, BITS>(a.w, n, b, k_blocks);
+        const int valid = klen - c * kChunkK;  // padding k >= K of the last block is never added
+#pragma unroll
+        for (int t = 0; t < kChunkK; ++t) {
+          if (t >= valid) break;
+          uint32_t q;
+          if constexpr (BITS == 4) {
+            const uint32_t word = t < 8 ? raw[c][0].x : raw[c][0].y;
+            q = (word >> (4 * (t % 8))) & 15u;
+          } else {
+            const uint2 pair = raw[c][t / 8];
+            q = ((t % 8 < 4 ? pair.x : pair.y) >> (8 * (t % 4))) & 255u;
+          }
+          const float wk = __fmul_rn(__fsub_rn(static_cast<float>(q), zero), scale);
+#pragma unroll
+          for (int r = 0; r < RT; ++r) acc[r] = fmaf(xs[r][c * kChunkK + t], wk, acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      if (row0 + r < a.rows) a.partial[(slice * a.rows + row0 + r) * a.N + n] = acc[r];
+    }
+  }
+}
+
+// The sum of one output's slices in slice order from 0. The partials are loaded kSumBatch at a time before
+// they are added (one load latency a batch, not one a slice).
+constexpr int kSumBatch = 16;
+__device__ __forceinline__ float SliceSum(const float* __restrict__ partial, int64_t slices, int64_t slice_stride) {
+  float acc = 0.0f;
+  for (int64_t s0 = 0; s0 < slices; s0 += kSumBatch) {
+    float v[kSumBatch];
+#pragma unroll
+    for (int j = 0; j < kSumBatch; ++j) v[j] = s0 + j < slices ? __ldg(partial + (s0 + j) * slice_stride) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kSumBatch; ++j) {
+      if (s0 + j < slices) acc = __fadd_rn(acc, v[j]);
+    }
+  }
+  return acc;
+}
+
+template <typename T>
+struct DownInjectArgs {
+  const float* partial;  // [slices][rows][R + C]
+  int64_t slices, rows, R, C;
+  T* hidden;     // (rows, R)
+  T* post_gate;  // (rows, C), the chunk's first row
+  float silu_alpha, gate_div, gate_mul;
+};
+
+// Per (row, column) of down_inject: the slices' sum -> down (rounded) -> hidden, or inject (rounded) -> post_gate.
+template <typename T>
+__global__ void __launch_bounds__(kEpilogueThreads) HcNBitsDownInjectKernel(DownInjectArgs<T> a) {
+  const int64_t N = a.R + a.C;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < a.rows * N;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / N, n = i - row * N;
+    const float sum = RoundToT<T>(SliceSum(a.partial + i, a.slices, a.rows * N));  // rounding point: down / inject
+    if (n < a.R) {
+      a.hidden[row * a.R + n] = FromFloat<T>(ScaledSilu<T>(sum, a.silu_alpha));
+    } else {
+      // rounding points: gate logit, its sigmoid, post_gate
+      a.post_gate[row * a.C + (n - a.R)] = FromFloat<T>(PostGate<T>(sum, a.gate_div, a.gate_mul));
+    }
+  }
+}
+
+template <typename T>
+struct UpGateArgs {
+  const float* partial;  // [slices][rows][C*H]
+  const T* hn;           // (rows, C*H)
+  int64_t slices, rows, C, H;
+  T* pre_output;  // (rows, H), the chunk's first row
+  float reduction_scale;
+};
+
+// Per (row, feature h): for c = 0, ..., C-1 the slices' sum of up column c*H + h -> up (rounded) ->
+// g = sigmoid(up) (rounded) -> mix += hn * g; pre_output = reduction_scale * mix.
+template <typename T>
+__global__ void __launch_bounds__(kEpilogueThreads) HcNBitsUpGateKernel(UpGateArgs<T> a) {
+  const int64_t W = a.C * a.H;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < a.rows * a.H;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / a.H, h = i - row * a.H;
+    float mix = 0.0f;
+    for (int64_t c = 0; c < a.C; ++c) {
+      const int64_t at = row * W + c * a.H + h;
+      const float up = RoundToT<T>(SliceSum(a.partial + at, a.slices, a.rows * W));  // rounding point: up
+      const float g = RoundToT<T>(Sigmoid(up));                                      // rounding point: g
+      mix = MulAdd<T>(ToFloat(a.hn[at]), g, mix);
+    }
+    a.pre_output[i] = FromFloat<T>(__fmul_rn(a.reduction_scale, mix));  // rounding point: pre_output
+  }
+}
+
+// ---- launch
+
+struct ScratchLayout {
+  size_t hn = 0, hidden = 0, partial = 0, total = 0;
+};
+
+template <typename T>
+ScratchLayout MakeLayout(const HcNBitsParams& p) {
+  const HcLowRankMixParams& m = p.mix;
+  const auto rows = static_cast<size_t>(std::min(m.rows, kHcNBitsChunkRows));
+  const auto width = static_cast<size_t>(m.width());
+  const size_t di_floats = static_cast<size_t>(CeilDiv(width, kHcNBitsSliceK) * (m.R + m.C));
+  const size_t up_floats = static_cast<size_t>(CeilDiv(m.R, kHcNBitsSliceK)) * width;
+  ScratchLayout l;
+  l.hidden = AlignUp(rows * width * sizeof(T));
+  l.partial = l.hidden + AlignUp(rows * static_cast<size_t>(m.R) * sizeof(T));
+  l.total = l.partial + AlignUp(rows * std::max(di_floats, up_floats) * sizeof(float));
+  return l;
+}
+
+HcLaunchStatus Failure(const char* step, cudaError_t e) {
+  return e == cudaSuccess ? HcLaunchStatus{} : HcLaunchStatus{step, e, CUBLAS_STATUS_SUCCESS};
+}
+
+int GridFor(int64_t items) { return static_cast<int>(std::max<int64_t>(1, std::min(items, kMaxGrid))); }
+
+template <typename T, int BITS>
+cudaError_t LaunchProductBits(const ProductArgs<T>& a, cudaStream_t stream) {
+  const int64_t items = CeilDiv(a.K, kHcNBitsSliceK) * CeilDiv(a.N, kProductThreads);
+  // rows a weight is made for: up to 8 (a tile's rows never change a row's operations)
+  if (a.rows >= 8) {
+    HcNBitsProductKernel<T, BITS, 8><<<GridFor(items * CeilDiv(a.rows, 8)), kProductThreads, 0, stream>>>(a);
+  } else if (a.rows >= 4) {
+    HcNBitsProductKernel<T, BITS, 4><<<GridFor(items * CeilDiv(a.rows, 4)), kProductThreads, 0, stream>>>(a);
+  } else if (a.rows >= 2) {
+    HcNBitsProductKernel<T, BITS, 2><<<GridFor(items * CeilDiv(a.rows, 2)), kProductThreads, 0, stream>>>(a);
+  } else {
+    HcNBitsProductKernel<T, BITS, 1><<<GridFor(items * a.rows), kProductThreads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchProduct(const ProductArgs<T>& a, int64_t bits, cudaStream_t stream) {
+  if (a.w.q == nullptr) return LaunchProductBits<T, 0>(a, stream);
+  return bits == 8 ? LaunchProductBits<T, 8>(a, stream) : LaunchProductBits<T, 4>(a, stream);
+}
+
+bool Aligned8(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
+}  // namespace
+
+template <typename T>
+size_t HcNBitsScratchBytes(const HcNBitsParams& params) {
+  return MakeLayout<T>(params).total;
+}
+
+template <typename T>
+HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<T>& t, void* scratch,
+                             cudaStream_t stream) {
+  const HcLowRankMixParams& m = p.mix;
+  if (!Aligned8(t.down_inject.q) || !Aligned8(t.up.q)) {
+    return Failure("B (down_inject_weight or up_weight) is not 8-byte aligned", cudaErrorMisalignedAddress);
+  }
+  const int64_t C = m.C, H = m.H, R = m.R, W = m.width();
+  const ScratchLayout layout = MakeLayout<T>(p);
+  char* base = static_cast<char*>(scratch);
+  T* hn = reinterpret_cast<T*>(base + layout.hn);
+  T* hidden = reinterpret_cast<T*>(base + layout.hidden);
+  float* partial = reinterpret_cast<float*>(base + layout.partial);
+  for (int64_t row0 = 0; row0 < m.rows; row0 += kHcNBitsChunkRows) {
+    const int64_t rows = std::min(kHcNBitsChunkRows, m.rows - row0);
+
+    NormArgs<T> norm{t.streams + row0 * W, t.norm_scale, nullptr, nullptr,
+                     t.streams_out != nullptr ? t.streams_out + row0 * W : nullptr, hn, rows, C, H, m.epsilon};
+    if (m.has_prologue) {
+      norm.prev_block_output = t.prev_block_output + row0 * H;
+      norm.prev_post_gate = t.prev_post_gate + row0 * C;
+      HcNBitsNormKernel<T, true><<<GridFor(rows * C), kNormThreads, 0, stream>>>(norm);
+    } else {
+      HcNBitsNormKernel<T, false><<<GridFor(rows * C), kNormThreads, 0, stream>>>(norm);
+    }
+    HcLaunchStatus s = Failure("HcNBitsNormKernel", cudaGetLastError());
+    if (!s.ok()) return s;
+
+    const ProductArgs<T> down{hn, t.down_inject, rows, W, R + C, p.block_size, partial};
+    s = Failure("HcNBitsProductKernel (down_inject)", LaunchProduct(down, p.bits, stream));
+    if (!s.ok()) return s;
+    const DownInjectArgs<T> di{partial, CeilDiv(W, kHcNBitsSliceK), rows, R, C, hidden, t.post_gate + row0 * C,
+                               m.silu_alpha, m.gate_div, m.gate_mul};
+    HcNBitsDownInjectKernel<T><<<GridFor(CeilDiv(rows * (R + C), kEpilogueThreads)), kEpilogueThreads, 0, stream>>>(di);
+    s = Failure("HcNBitsDownInjectKernel", cudaGetLastError());
+    if (!s.ok()) return s;
+
+    const ProductArgs<T> up{hidden, t.up, rows, R, W, p.block_size, partial};
+    s = Failure("HcNBitsProductKernel (up)", LaunchProduct(up, p.bits, stream));
+    if (!s.ok()) return s;
+    const UpGateArgs<T> ug{partial, hn, CeilDiv(R, kHcNBitsSliceK), rows, C, H, t.pre_output + row0 * H,
+                           m.reduction_scale};
+    HcNBitsUpGateKernel<T><<<GridFor(CeilDiv(rows * H, kEpilogueThreads)), kEpilogueThreads, 0, stream>>>(ug);
+    s = Failure("HcNBitsUpGateKernel", cudaGetLastError());
+    if (!s.ok()) return s;
+  }
+  return {};
+}
+
+#define HC_INSTANTIATE_NBITS(T)                                                                           \
+  template size_t HcNBitsScratchBytes<T>(const HcNBitsParams&);                                          \
+  template HcLaunchStatus LaunchHcNBits<T>(const HcNBitsParams&, const HcNBitsDeviceTensors<T>&, void*, \
+                                           cudaStream_t);
+HC_INSTANTIATE_NBITS(float)
+HC_INSTANTIATE_NBITS(__half)
+HC_INSTANTIATE_NBITS(__nv_bfloat16)
+
+}  // namespace cuda
+}  // namespace hcfuse

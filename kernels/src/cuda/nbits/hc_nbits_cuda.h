@@ -1,0 +1,61 @@
+// CUDA kernels of ai.hcfuse::HyperConnectionLowRankMixNBits (hc_nbits.cu): launcher declarations, no device
+// code and no ORT type (the glue, hc_lowrank_mix_nbits_op_cuda.cc, is plain C++).
+//
+// Per chunk of at most kHcNBitsChunkRows rows, five kernels on one stream (docs/QUANTIZED.md, "CUDA kernel"):
+//   HcNBitsNormKernel        S (prologue), streams_out, per-branch rms, hn (scratch, T)
+//   HcNBitsProductKernel     down_inject's fp32 partial sums over fixed K slices of kHcNBitsSliceK
+//   HcNBitsDownInjectKernel  the slices added in order -> down -> Z, SG, hidden (scratch, T);
+//                            inject -> post_gate
+//   HcNBitsProductKernel     up's fp32 partial sums over the same slices of K = R
+//   HcNBitsUpGateKernel      the slices added in order -> up -> g, pre_output (branches in order)
+// The slices depend on K only, the chunk on nothing a row computes, so a row's bits are the same at every
+// row count. No host synchronization, no allocation, no PDL: CUDA-graph capturable.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/hc_nbits_cpu.h"  // HcNBitsParams, HcNBitsProjection: plain structs over raw pointers
+#include "cuda/common/hc_lowrank_mix_cuda.h"  // HcLaunchStatus
+
+namespace hcfuse {
+namespace cuda {
+
+// k per slice of every product's sum (a slice's bytes of one column of B: 64 at 4 bits, 128 at 8).
+constexpr int64_t kHcNBitsSliceK = 128;
+// Rows per chunk: bounds the fp32 partials (slices x rows x N floats) whatever the row count.
+constexpr int64_t kHcNBitsChunkRows = 256;
+
+// Device pointers of one call (T: float, __half, __nv_bfloat16). Each projection dense or quantized, as the
+// CPU kernel takes them; prev_* null without the prologue, streams_out null when not requested.
+template <typename T>
+struct HcNBitsDeviceTensors {
+  const T* streams = nullptr;
+  const T* norm_scale = nullptr;
+  HcNBitsProjection<T> down_inject;  // K = C*H, N = R + C
+  HcNBitsProjection<T> up;           // K = R, N = C*H
+  const T* prev_block_output = nullptr;
+  const T* prev_post_gate = nullptr;
+  T* pre_output = nullptr;
+  T* post_gate = nullptr;
+  T* streams_out = nullptr;
+};
+
+// Bytes of device scratch LaunchHcNBits needs (256-byte aligned parts: hn and hidden of one chunk in T, the
+// fp32 partials of one chunk's larger product).
+template <typename T>
+size_t HcNBitsScratchBytes(const HcNBitsParams& params);
+
+// Runs the op for params.mix.rows > 0 rows on `stream`; scratch holds HcNBitsScratchBytes bytes. Shapes are
+// the caller's to have checked (ResolveHcNBitsForm). B must be 8-byte aligned (ORT's allocations are).
+// Never throws and never synchronizes.
+template <typename T>
+HcLaunchStatus LaunchHcNBits(const HcNBitsParams& params, const HcNBitsDeviceTensors<T>& tensors, void* scratch,
+                             cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace hcfuse

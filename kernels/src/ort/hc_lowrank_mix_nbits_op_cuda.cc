@@ -1,0 +1,85 @@
+// CUDAExecutionProvider kernel of ai.hcfuse::HyperConnectionLowRankMixNBits (float, float16, bfloat16): the
+// call checked and its outputs allocated as on the CPU (PrepareHcNBitsCall, hc_lowrank_mix_nbits_op.h),
+// scratch from ORT's CUDA allocator, the kernels (cuda/nbits/hc_nbits_cuda.h) launched on ORT's compute
+// stream. It never synchronizes the host and keeps no state beyond the node's attributes and device, so
+// the op is CUDA-graph capturable. No PDL: nothing of this op starts before the kernel before it ends.
+#include "ort/hc_lowrank_mix_nbits_op_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <type_traits>
+
+#include "cuda/nbits/hc_nbits_cuda.h"
+#include "ort/cuda_scratch.h"
+#include "ort/hc_lowrank_mix_nbits_op.h"
+
+namespace hcfuse {
+namespace {
+
+// The kernels' T of an ORT element type (same bits).
+template <typename T>
+using CudaType = std::conditional_t<std::is_same_v<T, Ort::Float16_t>, __half,
+                                    std::conditional_t<std::is_same_v<T, Ort::BFloat16_t>, __nv_bfloat16, float>>;
+
+template <typename T>
+struct NBitsCudaKernel {
+  using S = CudaType<T>;
+
+  explicit NBitsCudaKernel(const HcNBitsAttrs& attrs) : attrs_(attrs) {
+    if (const cudaError_t e = cudaGetDevice(&device_); e != cudaSuccess) {
+      throw Ort::Exception(std::string(kNBitsOpName) + " (CUDA): cudaGetDevice: " + cudaGetErrorName(e) + ": " +
+                               cudaGetErrorString(e),
+                           ORT_RUNTIME_EXCEPTION);
+    }
+  }
+
+  Ort::Status Compute(OrtKernelContext* context) {
+    HcNBitsCall<T> call;
+    Ort::Status st = PrepareHcNBitsCall<T>(context, attrs_, &call);
+    const HcNBitsParams& params = call.form.params;
+    if (!st.IsOK() || params.mix.rows == 0) return st;
+
+    auto t = [&](size_t i) { return static_cast<const S*>(call.data[i]); };
+    cuda::HcNBitsDeviceTensors<S> tensors;
+    tensors.streams = t(kStreams);
+    tensors.norm_scale = t(kNormScale);
+    tensors.down_inject = call.template Projection<S>(kDownInjectWeight);
+    tensors.up = call.template Projection<S>(kUpWeight);
+    if (params.mix.has_prologue) {
+      tensors.prev_block_output = t(kPrevBlockOutput);
+      tensors.prev_post_gate = t(kPrevPostGate);
+    }
+    tensors.pre_output = reinterpret_cast<S*>(call.out.pre_output);
+    tensors.post_gate = reinterpret_cast<S*>(call.out.post_gate);
+    tensors.streams_out = params.mix.has_streams_out ? reinterpret_cast<S*>(call.out.streams_out) : nullptr;
+
+    auto stream = static_cast<cudaStream_t>(Ort::KernelContext(context).GetGPUComputeStream());
+    const CudaScratch scratch =
+        AllocateCudaScratch(context, device_, cuda::HcNBitsScratchBytes<S>(params), kNBitsOpName);
+    const cuda::HcLaunchStatus s = cuda::LaunchHcNBits<S>(params, tensors, scratch.get(), stream);
+    if (s.ok()) return Ort::Status{nullptr};
+    return Ort::Status((std::string(kNBitsOpName) + " (CUDA): LaunchHcNBits failed: " + s.Message()).c_str(),
+                       ORT_RUNTIME_EXCEPTION);
+  }
+
+ private:
+  HcNBitsAttrs attrs_;
+  int device_ = 0;
+};
+
+constexpr const char* kCudaProvider = "CUDAExecutionProvider";
+
+}  // namespace
+
+void RegisterNBitsCudaOps(Ort::CustomOpDomain& domain) {
+  // ORT keeps raw pointers to the ops: they live as long as the process.
+  static HcNBitsOp<float, NBitsCudaKernel<float>> f32(kCudaProvider);
+  static HcNBitsOp<Ort::Float16_t, NBitsCudaKernel<Ort::Float16_t>> f16(kCudaProvider);
+  static HcNBitsOp<Ort::BFloat16_t, NBitsCudaKernel<Ort::BFloat16_t>> bf16(kCudaProvider);
+  domain.Add(&f32);
+  domain.Add(&f16);
+  domain.Add(&bf16);
+}
+
+}  // namespace hcfuse

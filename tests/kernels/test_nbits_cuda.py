@@ -1,0 +1,339 @@
+"""The CUDA kernel of ai.hcfuse::HyperConnectionLowRankMixNBits (kernels/src/cuda/nbits/) inside onnxruntime
+CUDA sessions against hcfuse.reference_nbits.
+
+Every session here is made with session.disable_cpu_ep_fallback, so it cannot be built unless the node runs
+on the CUDA provider (test_the_node_runs_on_cuda shows that the setting refuses a node left to the CPU).
+Each case asserts streams_out bit for bit (S) and pre_output and post_gate element by element within
+hcfuse.checking.bounds.output_bounds("cuda-general", ...): the kernel keeps every rounding point and the
+dequantized fp32 weight of the reference and differs from it only in the order of its sums (the norm's sum
+of squares thread-strided with a butterfly, the products' K in fixed slices of 128 added in order), the
+orders the general path's bound models (docs/QUANTIZED.md, "CUDA kernel"). The bound is evaluated on the
+reference's steps with the projections' dequantized weights. Inputs are the CPU kernel's tests'
+(tests/kernels/test_nbits_cpu.py: random bytes for B, padding nibbles included, random scales and zero points
+in every form) and onnxruntime's own quantizer's output at the real shape.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from hcfuse import _op_nbits
+from hcfuse._op import IR_VERSION, ONNX_OPSET, QWEN_ATTRIBUTES, QWEN_SHAPE
+from hcfuse.checking import bounds
+from hcfuse.checking._session import CUDA, inference_session
+from hcfuse.checking.verification import scaled_ulp
+from hcfuse.models.hc_block import random_activations
+from hcfuse.models.nbits import make_nbits_node_model, random_nbits_weights
+from hcfuse.reference_nbits import hc_lowrank_mix_nbits_steps, projection_f32
+from tests._compare import BFLOAT16, assert_bitwise_equal, run_bound, to_ort_value
+from tests._cuda import device_to_host
+from tests.kernels.test_kernels_cuda import _require_dtype
+from tests.kernels.test_nbits_cpu import (
+    ACTIVATIONS,
+    DTYPE_IDS,
+    DTYPES,
+    ODD_ATTRS,
+    QUANTIZED,
+    ZP_FORMS,
+    good_feeds,
+    nbits_model,
+    random_nbits_inputs,
+)
+
+pytestmark = pytest.mark.cuda
+
+NO_CPU_FALLBACK = {"session.disable_cpu_ep_fallback": "1"}
+QWEN = QWEN_SHAPE
+SLICE_K = 128  # kHcNBitsSliceK
+CHUNK_ROWS = 256  # kHcNBitsChunkRows
+_SAMPLE = 40  # reference rows of a long case (the reference and the kernel are row independent)
+
+
+def cuda_nbits_session(model, lib, **cuda_options) -> ort.InferenceSession:
+    """A CUDA session of model with hcfuse's library that cannot leave a node to the CPU provider."""
+    return inference_session(model, [(CUDA, cuda_options)], library=lib, config=NO_CPU_FALLBACK)
+
+
+def run_cuda(lib, model, feeds, **cuda_options) -> dict[str, np.ndarray]:
+    return run_bound(cuda_nbits_session(model, lib, **cuda_options), feeds, device="cuda")
+
+
+def dense_weights(inputs: dict, C: int, bits: int, block_size: int) -> dict[str, np.ndarray]:
+    """The dense op's down_weight, inject_weight and up_weight of the node: its projections in fp32
+    (dequantized as the reference does), for hcfuse.checking.bounds."""
+    given = {name: inputs.get(name) for name in _op_nbits.INPUTS}
+    width = inputs["norm_scale"].shape[0]
+    di = projection_f32(given, _op_nbits.DOWN_INJECT, width, bits, block_size)
+    R = di.shape[1] - C
+    return {"down_weight": di[:, :R], "inject_weight": di[:, R:],
+            "up_weight": projection_f32(given, _op_nbits.UP, R, bits, block_size)}
+
+
+def check_bounds(got: dict, inputs: dict, *, C: int, what: str, rows=None, bits: int = 4, block_size: int = 32,
+                 **attrs) -> None:
+    """streams_out bitwise; pre_output and post_gate within the cuda-general bound of each element. inputs:
+    every input of the op; rows: the rows of got (flattened leading dims) to check, all by default."""
+    flat = {k: v.reshape(-1, v.shape[-1]) for k, v in got.items()}
+    acts = {k: v.reshape(-1, v.shape[-1]) for k, v in inputs.items() if k in ACTIVATIONS}
+    if rows is not None:
+        flat = {k: v[rows] for k, v in flat.items()}
+        acts = {k: v[rows] for k, v in acts.items()}
+    if flat["pre_output"].shape[0] == 0:
+        return
+    sub = {**inputs, **acts}
+    steps = hc_lowrank_mix_nbits_steps(**sub, num_branches=C, bits=bits, block_size=block_size, **attrs)
+    if "streams_out" in flat:
+        assert_bitwise_equal(flat["streams_out"], steps["S"], f"{what}: streams_out")
+    limit = bounds.output_bounds("cuda-general", {**sub, **dense_weights(sub, C, bits, block_size)}, steps,
+                                 num_branches=C, **attrs)
+    for name in ("pre_output", "post_gate"):
+        gap = scaled_ulp(steps[name], flat[name])
+        if gap.size == 0:
+            continue
+        ratio = gap / limit[name]
+        worst = np.unravel_index(np.argmax(ratio), ratio.shape)
+        assert ratio[worst] <= 1.0, (
+            f"{what}: {name} at {tuple(int(i) for i in worst)} is {gap[worst]:.3g} scaled ulps from the reference, "
+            f"over its bound {limit[name][worst]:.3g} (expected {steps[name][worst]!r}, got {flat[name][worst]!r}; "
+            f"largest gap {gap.max():.3g})")
+
+
+def check_case(lib, feeds, *, C, dtype, streams_out=True, initializers=(), what="", **attrs) -> dict:
+    """Runs one node over feeds (weights as graph inputs unless named in initializers) and checks it."""
+    model = nbits_model(feeds, C=C, dtype=dtype, streams_out=streams_out, initializers=initializers, **attrs)
+    got = run_cuda(lib, model, {k: v for k, v in feeds.items() if k not in initializers})
+    assert list(got) == list(_op_nbits.OUTPUTS[: 3 if streams_out else 2]), f"{what}: outputs {list(got)}"
+    check_bounds(got, feeds, C=C, what=what, **attrs)
+    return got
+
+
+# ---- every form -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zp", ZP_FORMS)
+@pytest.mark.parametrize("quantized", list(QUANTIZED), ids=list(QUANTIZED))
+def test_forms(hcfuse_lib, rng, dtype, bits, zp, quantized):
+    """Every activation type, bits, zero-point form and choice of quantized projections. K = C*H = 39 is two
+    full blocks of 16 and a partial one (one short slice); up's K = R = 7 one partial block; N = R + C = 10
+    and C*H = 39 columns leave most of a column group idle."""
+    _require_dtype(dtype)
+    C, H, R = 3, 13, 7
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, quantized=QUANTIZED[quantized], bits=bits, block_size=16,
+                                zp=zp, lead=(5,), prologue=True)
+    check_case(hcfuse_lib, feeds, C=C, dtype=dtype, bits=bits, block_size=16, what=f"{bits} bits, zp {zp}, "
+               f"{quantized} quantized", **ODD_ATTRS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256, 1024])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zp", ["none", "packed"])
+def test_block_sizes(hcfuse_lib, rng, dtype, block_size, bits, zp):
+    """Blocks smaller than a slice of 128 (several a slice), as large (one) and larger (several slices a
+    block, one past K): down's K = 2*300 = 600 (4.7 slices), up's K = R = 140 (1.1 slices)."""
+    _require_dtype(dtype)
+    C, H, R = 2, 300, 140
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, bits=bits, block_size=block_size, zp=zp, lead=(4,))
+    check_case(hcfuse_lib, feeds, C=C, dtype=dtype, bits=bits, block_size=block_size,
+               what=f"{bits} bits, block_size {block_size}")
+
+
+# leading dims: 0 rows (no kernel launched), one row without leading dims, 1, 3, 16, 17 rows (row tiles of 1, 2,
+# 4 and 8 rows and a short last tile), 300 rows (two chunks of the products: 256 + 44) as 2-D leading dims
+LEADS = [(0,), (2, 0), (), (1,), (3,), (16,), (17,), (3, 100)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("prologue", [False, True], ids=["plain", "prologue"])
+@pytest.mark.parametrize("streams_out", [False, True], ids=["2-out", "3-out"])
+@pytest.mark.parametrize("lead", LEADS, ids=["0", "2x0", "no-lead", "1", "3", "16", "17", "3x100"])
+def test_prologue_outputs_and_rows(hcfuse_lib, rng, dtype, prologue, streams_out, lead):
+    _require_dtype(dtype)
+    C, H, R = 4, 96, 24
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, zp="T", lead=lead, prologue=prologue)
+    got = check_case(hcfuse_lib, feeds, C=C, dtype=dtype, streams_out=streams_out, what=f"lead {lead}",
+                     **QWEN_ATTRIBUTES)
+    assert got["pre_output"].shape == (*lead, H) and got["post_gate"].shape == (*lead, C)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("C,H,R", [(1, 200, 3), (5, 37, 130), (2, 64, 300), (9, 16, 8)])
+def test_odd_shapes(hcfuse_lib, rng, dtype, C, H, R):
+    """C = 1, C > 8, H not a multiple of anything, R past one and two slices, N past one column group."""
+    _require_dtype(dtype)
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, zp="packed", lead=(7,), prologue=True)
+    check_case(hcfuse_lib, feeds, C=C, dtype=dtype, what=f"C={C} H={H} R={R}", **ODD_ATTRS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_weights_as_initializers(hcfuse_lib, rng, dtype):
+    _require_dtype(dtype)
+    C, H, R = 4, 24, 12
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, quantized=("up",), bits=8, zp="packed", prologue=True)
+    check_case(hcfuse_lib, feeds, C=C, dtype=dtype, initializers=[n for n in feeds if n not in ACTIVATIONS], bits=8,
+               what="constant weights")
+
+
+# ---- the real shape, onnxruntime's quantizer ------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _real_weights(dtype_name: str, bits: int = 4, symmetric: bool = True) -> dict:
+    rng = np.random.default_rng([7, bits, int(symmetric), len(dtype_name)])
+    return random_nbits_weights(**QWEN, dtype=np.dtype(dtype_name), rng=rng, bits=bits, block_size=32,
+                                symmetric=symmetric)
+
+
+def _real_model(dtype, weights, prologue=True):
+    return make_nbits_node_model(weights, C=QWEN["C"], dtype=dtype, prologue=prologue, streams_out=True,
+                                 bits=4, block_size=32, **QWEN_ATTRIBUTES)
+
+
+def _sample(rows: int) -> np.ndarray:
+    """Every row of a short batch; of a long one both ends, the chunk and tile edges and a spread."""
+    if rows <= 64:
+        return np.arange(rows)
+    edges = [0, 1, 7, 8, CHUNK_ROWS - 1, CHUNK_ROWS, 2 * CHUNK_ROWS, rows - 2, rows - 1]
+    spread = np.linspace(0, rows - 1, _SAMPLE - len(edges)).astype(int)
+    return np.unique(np.clip(np.concatenate([edges, spread]), 0, rows - 1))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 17])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_real_shape(hcfuse_lib, dtype, rows):
+    """C=4 H=2560 R=320, int4 block 32 as MatMulNBitsQuantizer writes it, Qwen attributes, the prologue."""
+    _require_dtype(dtype)
+    weights = _real_weights(np.dtype(dtype).name)
+    acts = random_activations((rows,), QWEN["C"], QWEN["H"], dtype, np.random.default_rng(rows), prologue=True)
+    got = run_cuda(hcfuse_lib, _real_model(dtype, weights), acts)
+    check_bounds(got, {**weights, **acts}, C=QWEN["C"], what=f"real shape, {rows} rows", **QWEN_ATTRIBUTES)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float32], ids=["float16", "bfloat16", "float32"])
+def test_real_shape_prefill_and_row_independence(hcfuse_lib, dtype):
+    """4099 rows (16 chunks of 256 and a short one) against the reference on a sample of rows; rows alone and
+    in smaller batches (other chunk and tile splits) give the bits they have among 4099; two runs and a second
+    session give the same bits."""
+    _require_dtype(dtype)
+    rows = 4099
+    weights = _real_weights(np.dtype(dtype).name, symmetric=False)
+    acts = random_activations((rows,), QWEN["C"], QWEN["H"], dtype, np.random.default_rng(4099), prologue=True)
+    model = _real_model(dtype, weights)
+    session = cuda_nbits_session(model, hcfuse_lib)
+
+    def run(lo, hi, s=session):
+        return run_bound(s, {k: v[lo:hi] for k, v in acts.items()}, device="cuda")
+
+    full = run(0, rows)
+    check_bounds(full, {**weights, **acts}, C=QWEN["C"], what=f"real shape, {rows} rows", rows=_sample(rows),
+                 **QWEN_ATTRIBUTES)
+    for name, value in run(0, rows).items():
+        assert_bitwise_equal(value, full[name], f"determinism (same session) {name}")
+    for name, value in run(0, rows, cuda_nbits_session(model, hcfuse_lib)).items():
+        assert_bitwise_equal(value, full[name], f"determinism (second session) {name}")
+    for lo, hi in [(0, 1), (5, 6), (4098, 4099), (0, 16), (9, 26), (250, 262), (1000, 1300), (3800, 4099)]:
+        for name, value in run(lo, hi).items():
+            assert_bitwise_equal(value, full[name][lo:hi], f"rows [{lo}, {hi}) alone vs in {rows}: {name}")
+
+
+# ---- determinism, row independence and CUDA graphs on a small shape -------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_row_independence_and_determinism(hcfuse_lib, rng, dtype):
+    """Every row of 300 (two chunks) gives the bits it has alone and in batches of 2 ... 257 rows."""
+    _require_dtype(dtype)
+    C, H, R, rows = 4, 160, 40, 300
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, zp="packed", bits=8, block_size=64, lead=(rows,), prologue=True)
+    weights = [n for n in feeds if n not in ACTIVATIONS]
+    model = nbits_model(feeds, C=C, dtype=dtype, initializers=weights, bits=8, block_size=64)
+    session = cuda_nbits_session(model, hcfuse_lib)
+    acts = {k: v for k, v in feeds.items() if k in ACTIVATIONS}
+
+    def run(lo, hi):
+        return run_bound(session, {k: v[lo:hi] for k, v in acts.items()}, device="cuda")
+
+    full = run(0, rows)
+    check_bounds(full, feeds, C=C, what="300 rows", bits=8, block_size=64)
+    for name, value in run(0, rows).items():
+        assert_bitwise_equal(value, full[name], f"determinism {name}")
+    for lo, hi in [(0, 1), (255, 256), (256, 257), (299, 300), (3, 5), (10, 27), (40, 297), (0, 257)]:
+        for name, value in run(lo, hi).items():
+            assert_bitwise_equal(value, full[name][lo:hi], f"rows [{lo}, {hi}) alone vs in {rows}: {name}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_cuda_graph_replay_equals_eager(hcfuse_lib, rng, dtype):
+    """The real shape under enable_cuda_graph with IO binding: replays (also after new input data is copied
+    into the bound buffers) give the bits eager execution gives."""
+    _require_dtype(dtype)
+    dtype = np.dtype(dtype)
+    C, H, rows = QWEN["C"], QWEN["H"], 4
+    weights = _real_weights(dtype.name)
+    model = _real_model(dtype, weights)
+    inputs = [random_activations((rows,), C, H, dtype, rng, prologue=True) for _ in range(2)]
+    eager_session = cuda_nbits_session(model, hcfuse_lib)
+    eager = [run_bound(eager_session, x, device="cuda") for x in inputs]
+
+    graphed = cuda_nbits_session(model, hcfuse_lib, enable_cuda_graph="1")
+    binding = graphed.io_binding()
+    bound = {name: to_ort_value(value, "cuda") for name, value in inputs[0].items()}
+    for name, value in bound.items():
+        binding.bind_ortvalue_input(name, value)
+    elem = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+            BFLOAT16: TensorProto.BFLOAT16}[dtype]
+    outs = {n: ort.OrtValue.ortvalue_from_shape_and_type([rows, w], elem, "cuda", 0)
+            for n, w in zip(_op_nbits.OUTPUTS, (H, C, C * H))}
+    for name, value in outs.items():
+        binding.bind_ortvalue_output(name, value)
+    for i, x in enumerate(inputs):
+        for name, value in bound.items():
+            value.update_inplace(x[name].view(np.uint16) if dtype == BFLOAT16 else x[name])
+        for _ in range(3):  # the first runs warm up and capture; the rest replay
+            graphed.run_with_iobinding(binding)
+        for name, value in outs.items():
+            assert_bitwise_equal(device_to_host(value, dtype), eager[i][name],
+                                 f"input {i}: graph replay vs eager {name}")
+
+
+# ---- placement and errors -------------------------------------------------------------------------------
+
+
+def test_the_node_runs_on_cuda(hcfuse_lib, rng):
+    """With CPU fallback disabled a session of the node builds (its kernel is the CUDA provider's), while a
+    node the CUDA provider has no kernel for (StringNormalizer) is refused: the setting every session of this
+    module uses does tell where a node runs."""
+    feeds = random_nbits_inputs(2, 16, 4, np.float16, rng, lead=(2,))
+    cuda_nbits_session(nbits_model(feeds, C=2, dtype=np.float16), hcfuse_lib)
+    node = helper.make_node("StringNormalizer", ["x"], ["y"], case_change_action="LOWER")
+    graph = helper.make_graph([node], "cpu_only", [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.STRING, [2])])
+    model = helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    with pytest.raises(Exception, match=r"(?i)fallback"):
+        cuda_nbits_session(model, hcfuse_lib)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"up_scales": np.zeros((31, 1), np.float32)},
+     r"up_scales must be \(N, ceil\(K / block_size\)\) = \(32, 1\); got \(31, 1\)"),
+    ({"down_inject_zero_points": np.zeros((7, 2), np.uint8)},
+     r"down_inject_zero_points must be packed uint8 .* = \(7, 1\); got \(7, 2\)"),
+    ({"norm_scale": np.ones(33, np.float32)},
+     r"HyperConnectionLowRankMixNBits: norm_scale must be \(C\*H,\) = \(32,\); got \(33,\)"),
+    ({"up_weight": np.zeros((32, 1, 16), np.int8)},
+     r"up_weight must be the type of streams \(dense\) or uint8 .*got int8"),
+])
+def test_bad_shapes_are_named(hcfuse_lib, rng, change, message):
+    """The CUDA kernel checks a call as the CPU kernel does (one shared check) and gives its message."""
+    feeds = good_feeds(rng)
+    types = {k: helper.np_dtype_to_tensor_dtype(v.dtype) for k, v in change.items()}
+    session = cuda_nbits_session(nbits_model(feeds, C=2, dtype=np.float32, input_types=types), hcfuse_lib)
+    with pytest.raises(Exception, match=message):
+        run_bound(session, {**feeds, **change}, device="cuda")
