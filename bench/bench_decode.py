@@ -321,8 +321,9 @@ def table_lines(results: list[dict], meta: str, notes: list[str]) -> list[str]:
     if "matmul" in first:  # real-model variant: what the blocks add to the MatMuls alone
         head += [" matmul |"] + [f" {k} over matmul |" for k in over]
     lines = [f"# HyperConnectionLowRankMix benchmark ({meta})", "",
-             "us per block (slope between the long and the short chain); memory floor = the block's weights + activations once at 4.24 TB/s "
-             "(int4: B and scales of both projections); compute floor = the products at the matrix rate;",
+             "us per block (slope between the long and the short chain); memory floor = the block's weights + "
+             "activations once at 4.24 TB/s (int4: B and scales of both projections); compute floor = the products "
+             "at the matrix rate;",
              "hcfuse = auto, else fast, else general; fraction = max(floors) / hcfuse; speedup = stock / hcfuse "
              "(int4: the same with nbits, stock-int4 and the int4 floor).", "",
              "| dtype | rows |" + "".join(head), "|---|---|" + "---|" * "".join(head).count("|")]

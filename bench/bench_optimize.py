@@ -135,8 +135,8 @@ def markdown(rows: list[dict], without_value_info: bool = False) -> str:
     for r in rows:
         lines.append(
             f"| {r['format']} | {r['blocks']} | {r['weights_gb']:.2f} | {r['floor_s']:.2f} | {r['floor_mb']:.0f} "
-            f"| {r['opt_s']:.2f} | {r['opt_mb']:.0f} | {r['opt_s'] / r['floor_s']:.2f}x | {r['opt_s'] / r['blocks']:.3f} "
-            f"| {r['fused']} | {r['prologues']} |"
+            f"| {r['opt_s']:.2f} | {r['opt_mb']:.0f} | {r['opt_s'] / r['floor_s']:.2f}x "
+            f"| {r['opt_s'] / r['blocks']:.3f} | {r['fused']} | {r['prologues']} |"
         )
     worst_ratio = max(r["opt_s"] / r["floor_s"] for r in rows)
     worst_rss = max(r["opt_mb"] for r in rows)
@@ -149,8 +149,9 @@ def markdown(rows: list[dict], without_value_info: bool = False) -> str:
         if len(mine) > 1:
             a, b = mine[0], mine[-1]
             slope = (b["opt_s"] - a["opt_s"]) / (b["blocks"] - a["blocks"])
-            lines.append(f"{fmt}: slope between {a['blocks']} and {b['blocks']} blocks: {slope * 1000:.1f} ms per block "
-                         f"(floor {(b['floor_s'] - a['floor_s']) / (b['blocks'] - a['blocks']) * 1000:.1f} ms).")
+            floor = (b["floor_s"] - a["floor_s"]) / (b["blocks"] - a["blocks"])
+            lines.append(f"{fmt}: slope between {a['blocks']} and {b['blocks']} blocks: {slope * 1000:.1f} ms per "
+                         f"block (floor {floor * 1000:.1f} ms).")
     gen = [r for r in rows if r["gen_s"] is not None]
     if gen:
         lines.append("Generating the models (not timed above): "

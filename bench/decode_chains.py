@@ -63,8 +63,9 @@ def weight_sets(fmt: str, count: int, dtype, rng: np.random.Generator) -> list[d
     t0 = time.perf_counter()
     dense = (random_weights(C, H, R, dtype, rng) for _ in range(count))
     sets = [nbits_weight_set(w, BLOCK_SIZE) for w in dense] if fmt == "int4" else list(dense)
-    print(f"{np.dtype(dtype).name} {fmt}: {count} weight sets of {weight_bytes(fmt, np.dtype(dtype).itemsize) / 1e6:.2f} "
-          f"MB made in {time.perf_counter() - t0:.1f} s", flush=True)
+    size_mb = weight_bytes(fmt, np.dtype(dtype).itemsize) / 1e6
+    print(f"{np.dtype(dtype).name} {fmt}: {count} weight sets of {size_mb:.2f} MB made in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
     return sets
 
 
