@@ -2,7 +2,8 @@
 // call checked and its outputs allocated as on the CPU (PrepareHcNBitsCall, hc_lowrank_mix_nbits_op.h),
 // scratch from ORT's CUDA allocator, the kernels (cuda/nbits/hc_nbits_cuda.h) launched on ORT's compute
 // stream. It never synchronizes the host and keeps no state beyond the node's attributes and device, so
-// the op is CUDA-graph capturable. No PDL: nothing of this op starts before the kernel before it ends.
+// the op is CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch, but none
+// reads anything (weights included) before the kernel before it has ended.
 #include "ort/hc_lowrank_mix_nbits_op_cuda.h"
 
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/hc_device_caps.h"
 #include "cuda/nbits/hc_nbits_cuda.h"
 #include "ort/cuda_scratch.h"
 #include "ort/hc_lowrank_mix_nbits_op.h"
@@ -27,11 +29,8 @@ struct NBitsCudaKernel {
   using S = CudaType<T>;
 
   explicit NBitsCudaKernel(const HcNBitsAttrs& attrs) : attrs_(attrs) {
-    if (const cudaError_t e = cudaGetDevice(&device_); e != cudaSuccess) {
-      throw Ort::Exception(std::string(kNBitsOpName) + " (CUDA): cudaGetDevice: " + cudaGetErrorName(e) + ": " +
-                               cudaGetErrorString(e),
-                           ORT_RUNTIME_EXCEPTION);
-    }
+    ThrowIfFailed(cudaGetDevice(&device_), "cudaGetDevice");
+    ThrowIfFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)");
   }
 
   Ort::Status Compute(OrtKernelContext* context) {
@@ -57,15 +56,25 @@ struct NBitsCudaKernel {
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(context).GetGPUComputeStream());
     const CudaScratch scratch =
         AllocateCudaScratch(context, device_, cuda::HcNBitsScratchBytes<S>(params), kNBitsOpName);
-    const cuda::HcLaunchStatus s = cuda::LaunchHcNBits<S>(params, tensors, scratch.get(), stream);
+    const bool pdl = HcRunsSm90Code(caps_.sm_major);
+    const cuda::HcLaunchStatus s = cuda::LaunchHcNBits<S>(params, tensors, scratch.get(), pdl, stream);
     if (s.ok()) return Ort::Status{nullptr};
     return Ort::Status((std::string(kNBitsOpName) + " (CUDA): LaunchHcNBits failed: " + s.Message()).c_str(),
                        ORT_RUNTIME_EXCEPTION);
   }
 
  private:
+  static void ThrowIfFailed(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      throw Ort::Exception(std::string(kNBitsOpName) + " (CUDA): " + what + ": " + cudaGetErrorName(e) + ": " +
+                               cudaGetErrorString(e),
+                           ORT_RUNTIME_EXCEPTION);
+    }
+  }
+
   HcNBitsAttrs attrs_;
   int device_ = 0;
+  HcDeviceCaps caps_;  // read once: whether the kernels run their sm_90 code (PDL)
 };
 
 constexpr const char* kCudaProvider = "CUDAExecutionProvider";

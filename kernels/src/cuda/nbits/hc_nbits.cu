@@ -19,12 +19,15 @@
 #include <algorithm>
 
 #include "cuda/common/hc_common.cuh"
+#include "cuda/common/hc_ptx.cuh"
 
 namespace hcfuse {
 namespace cuda {
 namespace {
 
-constexpr int kNormThreads = 256;
+// The norm: one block of kNormThreads per (row, branch) (the real shape's 2560 features: 3 a thread).
+constexpr int kNormThreads = 1024;
+constexpr int kNormBatch = 4;
 constexpr int kProductThreads = 128;  // one column of the product a thread
 constexpr int kEpilogueThreads = 256;
 constexpr int kChunkK = 16;  // k per load of B: 8 bytes at 4 bits, 16 at 8 (block_size >= 16 divides into them)
@@ -60,26 +63,50 @@ __device__ __forceinline__ T FormS(const NormArgs<T>& a, int64_t row, int64_t c,
   }
 }
 
-// One block per (row, branch), grid-stride: S and streams_out, the branch's sum of squares (thread-strided
-// over h, BlockSum), 1 / rms, then hn from S formed again (the same operations, the same bits).
+// One block per (row, branch), grid-stride: the branch's sum of squares of S (thread-strided over h, BlockSum),
+// 1 / rms, then S formed again (the same operations, the same bits), streams_out and hn. A thread's features
+// h = t, t + kNormThreads, ... go in batches of kNormBatch whose loads are issued before any is used or stored;
+// its sum of squares still adds them in ascending h.
 template <typename T, bool PROLOGUE>
 __global__ void __launch_bounds__(kNormThreads) HcNBitsNormKernel(NormArgs<T> a) {
+  ptx::WaitOnProducer();  // launched early (PDL): streams and the prologue inputs come from upstream
+  ptx::ReleaseDependents();
   __shared__ float warp_sums[32];
+  const int64_t step = blockDim.x;
   for (int64_t item = blockIdx.x; item < a.rows * a.C; item += gridDim.x) {
     const int64_t row = item / a.C, c = item - row * a.C;
     const float gate = PROLOGUE ? ToFloat(a.prev_post_gate[row * a.C + c]) : 0.0f;
     const int64_t base = (row * a.C + c) * a.H;
     float sum_sq = 0.0f;
-    for (int64_t h = threadIdx.x; h < a.H; h += blockDim.x) {
-      const T s = FormS<T, PROLOGUE>(a, row, c, h, gate);
-      if (a.streams_out != nullptr) a.streams_out[base + h] = s;
-      sum_sq = MulAdd<T>(ToFloat(s), ToFloat(s), sum_sq);
+    for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kNormBatch * step) {
+      T s[kNormBatch];
+#pragma unroll
+      for (int j = 0; j < kNormBatch; ++j) {
+        if (h0 + j * step < a.H) s[j] = FormS<T, PROLOGUE>(a, row, c, h0 + j * step, gate);
+      }
+#pragma unroll
+      for (int j = 0; j < kNormBatch; ++j) {
+        if (h0 + j * step < a.H) sum_sq = MulAdd<T>(ToFloat(s[j]), ToFloat(s[j]), sum_sq);
+      }
     }
     const float inv_rms = BranchInvRms(BlockSum(sum_sq, warp_sums), a.H, a.epsilon);
-    for (int64_t h = threadIdx.x; h < a.H; h += blockDim.x) {
-      const float s = ToFloat(FormS<T, PROLOGUE>(a, row, c, h, gate));
-      // rounding point: hn
-      a.hn[base + h] = FromFloat<T>(NormalizeHn(s, inv_rms, ToFloat(a.norm_scale[c * a.H + h])));
+    for (int64_t h0 = threadIdx.x; h0 < a.H; h0 += kNormBatch * step) {
+      T s[kNormBatch];
+      float scale[kNormBatch];
+#pragma unroll
+      for (int j = 0; j < kNormBatch; ++j) {
+        if (h0 + j * step < a.H) {
+          s[j] = FormS<T, PROLOGUE>(a, row, c, h0 + j * step, gate);
+          scale[j] = ToFloat(a.norm_scale[c * a.H + h0 + j * step]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kNormBatch; ++j) {
+        const int64_t h = h0 + j * step;
+        if (h >= a.H) continue;
+        if (a.streams_out != nullptr) a.streams_out[base + h] = s[j];
+        a.hn[base + h] = FromFloat<T>(NormalizeHn(ToFloat(s[j]), inv_rms, scale[j]));  // rounding point: hn
+      }
     }
   }
 }
@@ -115,6 +142,8 @@ __device__ __forceinline__ float ZeroPoint(const HcNBitsProjection<T>& w, int64_
 // RT changes how many rows share a weight, not any row's operations.
 template <typename T, int BITS, int RT>
 __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductArgs<T> a) {
+  ptx::WaitOnProducer();  // launched early (PDL): the activations come from the kernel before it
+  ptx::ReleaseDependents();
   __shared__ float xs[RT][kSliceK];
   const int64_t column_groups = CeilDiv(a.N, kProductThreads);
   const int64_t slices = CeilDiv(a.K, kSliceK);
@@ -159,12 +188,18 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
           }
         }
       }
+      float scale[kChunksPerSlice], zero[kChunksPerSlice];  // of each chunk's block (a chunk never leaves it)
+#pragma unroll
+      for (int c = 0; c < kChunksPerSlice; ++c) {
+        if (c < chunks) {
+          const int64_t b = (k0 + c * kChunkK) / a.block_size;
+          scale[c] = ToFloat(a.w.scales[n * k_blocks + b]);
+          zero[c] = ZeroPoint<T, BITS>(a.w, n, b, k_blocks);
+        }
+      }
 #pragma unroll
       for (int c = 0; c < kChunksPerSlice; ++c) {
         if (c >= chunks) break;
-        const int64_t b = (k0 + c * kChunkK) / a.block_size;  // a chunk never leaves its block
-        const float scale = ToFloat(a.w.scales[n * k_blocks + b]);
-        const float zero = ZeroPoint<T, BITS>(a.w, n, b, k_blocks);
         const int valid = klen - c * kChunkK;  // padding k >= K of the last block is never added
 #pragma unroll
         for (int t = 0; t < kChunkK; ++t) {
@@ -177,7 +212,7 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
             const uint2 pair = raw[c][t / 8];
             q = ((t % 8 < 4 ? pair.x : pair.y) >> (8 * (t % 4))) & 255u;
           }
-          const float wk = __fmul_rn(__fsub_rn(static_cast<float>(q), zero), scale);
+          const float wk = __fmul_rn(__fsub_rn(static_cast<float>(q), zero[c]), scale[c]);
 #pragma unroll
           for (int r = 0; r < RT; ++r) acc[r] = fmaf(xs[r][c * kChunkK + t], wk, acc[r]);
         }
@@ -219,6 +254,8 @@ struct DownInjectArgs {
 // Per (row, column) of down_inject: the slices' sum -> down (rounded) -> hidden, or inject (rounded) -> post_gate.
 template <typename T>
 __global__ void __launch_bounds__(kEpilogueThreads) HcNBitsDownInjectKernel(DownInjectArgs<T> a) {
+  ptx::WaitOnProducer();  // launched early (PDL): the partials come from the product before it
+  ptx::ReleaseDependents();
   const int64_t N = a.R + a.C;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < a.rows * N;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -246,6 +283,7 @@ struct UpGateArgs {
 // g = sigmoid(up) (rounded) -> mix += hn * g; pre_output = reduction_scale * mix.
 template <typename T>
 __global__ void __launch_bounds__(kEpilogueThreads) HcNBitsUpGateKernel(UpGateArgs<T> a) {
+  ptx::WaitOnProducer();  // launched early (PDL): the partials come from the product before it
   const int64_t W = a.C * a.H;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < a.rows * a.H;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -287,26 +325,30 @@ HcLaunchStatus Failure(const char* step, cudaError_t e) {
 
 int GridFor(int64_t items) { return static_cast<int>(std::max<int64_t>(1, std::min(items, kMaxGrid))); }
 
+template <typename T, int BITS, int RT>
+cudaError_t LaunchProductTile(const ProductArgs<T>& a, bool pdl, cudaStream_t stream) {
+  const int64_t items = CeilDiv(a.K, kHcNBitsSliceK) * CeilDiv(a.N, kProductThreads) * CeilDiv(a.rows, RT);
+  return Launch(HcNBitsProductKernel<T, BITS, RT>, GridFor(items), kProductThreads, 0, 1, pdl, stream, a);
+}
+
+// Rows a weight is made for: up to 8 (a tile's rows never change a row's operations).
 template <typename T, int BITS>
-cudaError_t LaunchProductBits(const ProductArgs<T>& a, cudaStream_t stream) {
-  const int64_t items = CeilDiv(a.K, kHcNBitsSliceK) * CeilDiv(a.N, kProductThreads);
-  // rows a weight is made for: up to 8 (a tile's rows never change a row's operations)
-  if (a.rows >= 8) {
-    HcNBitsProductKernel<T, BITS, 8><<<GridFor(items * CeilDiv(a.rows, 8)), kProductThreads, 0, stream>>>(a);
-  } else if (a.rows >= 4) {
-    HcNBitsProductKernel<T, BITS, 4><<<GridFor(items * CeilDiv(a.rows, 4)), kProductThreads, 0, stream>>>(a);
-  } else if (a.rows >= 2) {
-    HcNBitsProductKernel<T, BITS, 2><<<GridFor(items * CeilDiv(a.rows, 2)), kProductThreads, 0, stream>>>(a);
-  } else {
-    HcNBitsProductKernel<T, BITS, 1><<<GridFor(items * a.rows), kProductThreads, 0, stream>>>(a);
-  }
-  return cudaGetLastError();
+cudaError_t LaunchProductBits(const ProductArgs<T>& a, bool pdl, cudaStream_t stream) {
+  if (a.rows >= 8) return LaunchProductTile<T, BITS, 8>(a, pdl, stream);
+  if (a.rows >= 4) return LaunchProductTile<T, BITS, 4>(a, pdl, stream);
+  if (a.rows >= 2) return LaunchProductTile<T, BITS, 2>(a, pdl, stream);
+  return LaunchProductTile<T, BITS, 1>(a, pdl, stream);
 }
 
 template <typename T>
-cudaError_t LaunchProduct(const ProductArgs<T>& a, int64_t bits, cudaStream_t stream) {
-  if (a.w.q == nullptr) return LaunchProductBits<T, 0>(a, stream);
-  return bits == 8 ? LaunchProductBits<T, 8>(a, stream) : LaunchProductBits<T, 4>(a, stream);
+cudaError_t LaunchProduct(const ProductArgs<T>& a, int64_t bits, bool pdl, cudaStream_t stream) {
+  if (a.w.q == nullptr) return LaunchProductBits<T, 0>(a, pdl, stream);
+  return bits == 8 ? LaunchProductBits<T, 8>(a, pdl, stream) : LaunchProductBits<T, 4>(a, pdl, stream);
+}
+
+template <typename T, bool PROLOGUE>
+cudaError_t LaunchNorm(const NormArgs<T>& a, bool pdl, cudaStream_t stream) {
+  return Launch(HcNBitsNormKernel<T, PROLOGUE>, GridFor(a.rows * a.C), kNormThreads, 0, 1, pdl, stream, a);
 }
 
 bool Aligned8(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 8 == 0; }
@@ -320,7 +362,7 @@ size_t HcNBitsScratchBytes(const HcNBitsParams& params) {
 
 template <typename T>
 HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<T>& t, void* scratch,
-                             cudaStream_t stream) {
+                             bool pdl, cudaStream_t stream) {
   const HcLowRankMixParams& m = p.mix;
   if (!Aligned8(t.down_inject.q) || !Aligned8(t.up.q)) {
     return Failure("B (down_inject_weight or up_weight) is not 8-byte aligned", cudaErrorMisalignedAddress);
@@ -339,29 +381,29 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
     if (m.has_prologue) {
       norm.prev_block_output = t.prev_block_output + row0 * H;
       norm.prev_post_gate = t.prev_post_gate + row0 * C;
-      HcNBitsNormKernel<T, true><<<GridFor(rows * C), kNormThreads, 0, stream>>>(norm);
-    } else {
-      HcNBitsNormKernel<T, false><<<GridFor(rows * C), kNormThreads, 0, stream>>>(norm);
     }
-    HcLaunchStatus s = Failure("HcNBitsNormKernel", cudaGetLastError());
+    HcLaunchStatus s = Failure("HcNBitsNormKernel", m.has_prologue ? LaunchNorm<T, true>(norm, pdl, stream)
+                                                                     : LaunchNorm<T, false>(norm, pdl, stream));
     if (!s.ok()) return s;
 
     const ProductArgs<T> down{hn, t.down_inject, rows, W, R + C, p.block_size, partial};
-    s = Failure("HcNBitsProductKernel (down_inject)", LaunchProduct(down, p.bits, stream));
+    s = Failure("HcNBitsProductKernel (down_inject)", LaunchProduct(down, p.bits, pdl, stream));
     if (!s.ok()) return s;
     const DownInjectArgs<T> di{partial, CeilDiv(W, kHcNBitsSliceK), rows, R, C, hidden, t.post_gate + row0 * C,
                                m.silu_alpha, m.gate_div, m.gate_mul};
-    HcNBitsDownInjectKernel<T><<<GridFor(CeilDiv(rows * (R + C), kEpilogueThreads)), kEpilogueThreads, 0, stream>>>(di);
-    s = Failure("HcNBitsDownInjectKernel", cudaGetLastError());
+    const int di_grid = GridFor(CeilDiv(rows * (R + C), kEpilogueThreads));
+    s = Failure("HcNBitsDownInjectKernel",
+                Launch(HcNBitsDownInjectKernel<T>, di_grid, kEpilogueThreads, 0, 1, pdl, stream, di));
     if (!s.ok()) return s;
 
     const ProductArgs<T> up{hidden, t.up, rows, R, W, p.block_size, partial};
-    s = Failure("HcNBitsProductKernel (up)", LaunchProduct(up, p.bits, stream));
+    s = Failure("HcNBitsProductKernel (up)", LaunchProduct(up, p.bits, pdl, stream));
     if (!s.ok()) return s;
     const UpGateArgs<T> ug{partial, hn, CeilDiv(R, kHcNBitsSliceK), rows, C, H, t.pre_output + row0 * H,
                            m.reduction_scale};
-    HcNBitsUpGateKernel<T><<<GridFor(CeilDiv(rows * H, kEpilogueThreads)), kEpilogueThreads, 0, stream>>>(ug);
-    s = Failure("HcNBitsUpGateKernel", cudaGetLastError());
+    const int ug_grid = GridFor(CeilDiv(rows * H, kEpilogueThreads));
+    s = Failure("HcNBitsUpGateKernel",
+                Launch(HcNBitsUpGateKernel<T>, ug_grid, kEpilogueThreads, 0, 1, pdl, stream, ug));
     if (!s.ok()) return s;
   }
   return {};
@@ -370,7 +412,7 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
 #define HC_INSTANTIATE_NBITS(T)                                                                           \
   template size_t HcNBitsScratchBytes<T>(const HcNBitsParams&);                                          \
   template HcLaunchStatus LaunchHcNBits<T>(const HcNBitsParams&, const HcNBitsDeviceTensors<T>&, void*, \
-                                           cudaStream_t);
+                                           bool, cudaStream_t);
 HC_INSTANTIATE_NBITS(float)
 HC_INSTANTIATE_NBITS(__half)
 HC_INSTANTIATE_NBITS(__nv_bfloat16)

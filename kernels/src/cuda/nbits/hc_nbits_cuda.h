@@ -9,7 +9,8 @@
 //   HcNBitsProductKernel     up's fp32 partial sums over the same slices of K = R
 //   HcNBitsUpGateKernel      the slices added in order -> up -> g, pre_output (branches in order)
 // The slices depend on K only, the chunk on nothing a row computes, so a row's bits are the same at every
-// row count. No host synchronization, no allocation, no PDL: CUDA-graph capturable.
+// row count. No host synchronization and no allocation: CUDA-graph capturable. On sm_90 the kernels launch with
+// programmatic dependent launch, each waiting for its predecessor before its first read.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,10 +53,11 @@ size_t HcNBitsScratchBytes(const HcNBitsParams& params);
 
 // Runs the op for params.mix.rows > 0 rows on `stream`; scratch holds HcNBitsScratchBytes bytes. Shapes are
 // the caller's to have checked (ResolveHcNBitsForm). B must be 8-byte aligned (ORT's allocations are).
-// Never throws and never synchronizes.
+// pdl: launch every kernel with programmatic dependent launch (sm_90 code only, HcRunsSm90Code); each waits
+// for the kernel before it before reading anything, weights included. Never throws and never synchronizes.
 template <typename T>
 HcLaunchStatus LaunchHcNBits(const HcNBitsParams& params, const HcNBitsDeviceTensors<T>& tensors, void* scratch,
-                             cudaStream_t stream);
+                             bool pdl, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace hcfuse
