@@ -9,8 +9,9 @@
 #   2. the decode benchmark: fast, general and stock, bf16 and fp16, 1-64 rows, 3 repetitions
 #                                                                             -> $OUT/decode.log, $OUT/decode/
 #   3. every CUDA test under tests/kernels                                    -> $OUT/tests.log
-#   4. compute-sanitizer memcheck, racecheck and synccheck over the fast path's kernels (fast-path tests) and
-#      the general path's (general-path tests)                               -> $OUT/sanitize_*.log
+#   4. compute-sanitizer memcheck, racecheck and synccheck over the fast path's kernels (fast-path tests), the
+#      general path's (general-path tests) and the quantized op's (tests/kernels/test_nbits_cuda.py)
+#                                                                             -> $OUT/sanitize_*.log
 # A summary line per step goes to stdout and $OUT/summary.txt. OUT is relative to the repository root. The
 # build alone may take most of the budget on a small machine: to compare two libraries, build both first
 # (bench/build_kernels.sh) and pass each as HCFUSE_LIBRARY.
@@ -83,5 +84,16 @@ for tool in memcheck racecheck synccheck; do
     python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_prefill_cuda.py -k "$general_tests" \
     > "$out/sanitize_general_$tool.log" 2>&1
   stamp "$tool general path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_general_$tool.log" | tail -1) $(last "$out/sanitize_general_$tool.log")"
+done
+# the quantized op's kernels (HcNBits*): every zero-point form and bits, a block past the slice, C = 9, two
+# chunks of rows (300) with the prologue and streams_out, the real shape; racecheck unfiltered as above
+nbits_tests=${SANITIZE_NBITS:-(test_forms and both and bfloat16) or (test_forms and both-T-4-float32) or (block_sizes and packed-8-256-bfloat16) or (odd_shapes and 9-16-8-bfloat16) or (prologue_outputs and (17-3-out-prologue-bfloat16 or 3x100-3-out-prologue-float16)) or (test_real_shape and bfloat16-3)}
+for tool in memcheck racecheck synccheck; do
+  filter=(--kernel-name kns=HcNBits)
+  [ "$tool" = racecheck ] && filter=()
+  timeout "$(cap 60)" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
+    python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_nbits_cuda.py -k "$nbits_tests" \
+    > "$out/sanitize_nbits_$tool.log" 2>&1
+  stamp "$tool quantized op: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_nbits_$tool.log" | tail -1) $(last "$out/sanitize_nbits_$tool.log")"
 done
 stamp done

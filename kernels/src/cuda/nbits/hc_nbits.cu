@@ -4,7 +4,7 @@
 //
 // Order of operations (docs/QUANTIZED.md, "CUDA kernel"); each is fixed by the shape alone, never by the row
 // count, the chunk, the row tile or the grid, so results are deterministic and row independent:
-//   norm's sum of squares: per thread strided over h (thread t: h = t, t + 256, ...; MulAdd), a warp
+//   norm's sum of squares: per thread strided over h (thread t: h = t, t + 1024, ...; MulAdd), a warp
 //     butterfly, the warp sums added in warp order (BlockSum), as the dense general path;
 //   a product out[n] = sum_k x[k] w[k, n] (down_inject: K = C*H; up: K = R): K cut into slices of
 //     kHcNBitsSliceK (the last one shorter); within a slice k ascends from the slice's first k in one fmaf
@@ -138,7 +138,8 @@ __device__ __forceinline__ float ZeroPoint(const HcNBitsProjection<T>& w, int64_
 // tile). The tile's activations of the slice are staged in shared memory as fp32; a thread owns column n and
 // accumulates acc[r] = fmaf(x[r][k], w[k][n], acc[r]) for k ascending from the slice's start, each weight
 // made once for the RT rows. BITS 0: dense T weights [K, N] (loads coalesced across the columns); 4 or 8:
-// B's row n, whose slice is one contiguous run of bytes, loaded as 8-byte words, all before the arithmetic.
+// B's row n, whose slice is one contiguous run of bytes, loaded as 8-byte words with the slice's scales and
+// zero points before the activations are staged.
 // RT changes how many rows share a weight, not any row's operations.
 template <typename T, int BITS, int RT>
 __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductArgs<T> a) {
@@ -155,14 +156,38 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
     const int64_t slice = rest / column_groups, group = rest - slice * column_groups;
     const int64_t k0 = slice * kSliceK, row0 = tile * RT;
     const int klen = static_cast<int>(std::min<int64_t>(int64_t{kSliceK}, a.K - k0));
+    const int64_t n = group * kProductThreads + threadIdx.x;
+    const bool active = n < a.N;
+    // B's bytes, scales and zero points of the thread's column first, so that their latency overlaps the staging
+    constexpr int kWordsPerChunk = BITS == 0 ? 1 : kChunkK * BITS / 64;  // 8-byte words a chunk: 1 (4 bits), 2 (8)
+    const int64_t k_blocks = CeilDiv(a.K, a.block_size);
+    const int chunks = (klen + kChunkK - 1) / kChunkK;
+    uint2 raw[kChunksPerSlice][kWordsPerChunk];
+    float scale[kChunksPerSlice], zero[kChunksPerSlice];  // of each chunk's block (a chunk never leaves it)
+    if constexpr (BITS != 0) {
+      if (active) {
+        const uint8_t* column = a.w.q + n * (k_blocks * a.block_size * BITS / 8) + k0 * BITS / 8;
+#pragma unroll
+        for (int c = 0; c < kChunksPerSlice; ++c) {
+          if (c < chunks) {
+#pragma unroll
+            for (int u = 0; u < kWordsPerChunk; ++u) {
+              raw[c][u] = __ldg(reinterpret_cast<const uint2*>(column + c * (kChunkK * BITS / 8)) + u);
+            }
+            const int64_t b = (k0 + c * kChunkK) / a.block_size;
+            scale[c] = ToFloat(a.w.scales[n * k_blocks + b]);
+            zero[c] = ZeroPoint<T, BITS>(a.w, n, b, k_blocks);
+          }
+        }
+      }
+    }
     __syncthreads();  // the previous item's readers are done with xs
     for (int i = threadIdx.x; i < RT * kSliceK; i += blockDim.x) {
       const int r = i / kSliceK, k = i % kSliceK;
       xs[r][k] = row0 + r < a.rows && k < klen ? ToFloat(a.x[(row0 + r) * a.K + k0 + k]) : 0.0f;
     }
     __syncthreads();
-    const int64_t n = group * kProductThreads + threadIdx.x;
-    if (n >= a.N) continue;
+    if (!active) continue;
     float acc[RT];
 #pragma unroll
     for (int r = 0; r < RT; ++r) acc[r] = 0.0f;
@@ -174,29 +199,6 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
         for (int r = 0; r < RT; ++r) acc[r] = fmaf(xs[r][k], wk, acc[r]);
       }
     } else {
-      constexpr int kWordsPerChunk = kChunkK * BITS / 64;  // 8-byte words of a chunk: 1 at 4 bits, 2 at 8
-      const int64_t k_blocks = CeilDiv(a.K, a.block_size);
-      const uint8_t* column = a.w.q + n * (k_blocks * a.block_size * BITS / 8) + k0 * BITS / 8;
-      const int chunks = (klen + kChunkK - 1) / kChunkK;
-      uint2 raw[kChunksPerSlice][kWordsPerChunk];
-#pragma unroll
-      for (int c = 0; c < kChunksPerSlice; ++c) {
-        if (c < chunks) {
-#pragma unroll
-          for (int u = 0; u < kWordsPerChunk; ++u) {
-            raw[c][u] = __ldg(reinterpret_cast<const uint2*>(column + c * (kChunkK * BITS / 8)) + u);
-          }
-        }
-      }
-      float scale[kChunksPerSlice], zero[kChunksPerSlice];  // of each chunk's block (a chunk never leaves it)
-#pragma unroll
-      for (int c = 0; c < kChunksPerSlice; ++c) {
-        if (c < chunks) {
-          const int64_t b = (k0 + c * kChunkK) / a.block_size;
-          scale[c] = ToFloat(a.w.scales[n * k_blocks + b]);
-          zero[c] = ZeroPoint<T, BITS>(a.w, n, b, k_blocks);
-        }
-      }
 #pragma unroll
       for (int c = 0; c < kChunksPerSlice; ++c) {
         if (c >= chunks) break;
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
 
 // The sum of one output's slices in slice order from 0. The partials are loaded kSumBatch at a time before
 // they are added (one load latency a batch, not one a slice).
-constexpr int kSumBatch = 16;
+constexpr int kSumBatch = 32;
 __device__ __forceinline__ float SliceSum(const float* __restrict__ partial, int64_t slices, int64_t slice_stride) {
   float acc = 0.0f;
   for (int64_t s0 = 0; s0 < slices; s0 += kSumBatch) {
@@ -289,6 +291,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) HcNBitsUpGateKernel(UpGateAr
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / a.H, h = i - row * a.H;
     float mix = 0.0f;
+#pragma unroll 4
     for (int64_t c = 0; c < a.C; ++c) {
       const int64_t at = row * W + c * a.H + h;
       const float up = RoundToT<T>(SliceSum(a.partial + at, a.slices, a.rows * W));  // rounding point: up
