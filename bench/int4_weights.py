@@ -66,7 +66,3 @@ def nbits_weight_set(dense: dict[str, np.ndarray], block_size: int = 32) -> dict
         out[_op_nbits.INPUTS[proj.weight]], out[_op_nbits.INPUTS[proj.scales]] = q.B, q.scales
     return out
 
-
-def weight_bytes(weights: dict[str, np.ndarray]) -> int:
-    """Bytes one block reads of its weights (norm scale, B and scales, or the dense matrices)."""
-    return sum(w.nbytes for w in weights.values())
