@@ -1,10 +1,10 @@
 // Attributes, inputs and shapes of ai.hcfuse::HyperConnectionLowRankMixNBits, checked once for every
 // provider, and the op's registration shared by the CPU and CUDA kernels (HcNBitsOp). The inputs and
-// attributes it shares with the dense op (streams, norm_scale, the prologue, num_branches and the five float attributes) go through the dense op's own checks
-// (ReadHcLowRankMixAttrs, ResolveHcLowRankMixParams), under this op's name;
-// what is the quantized op's own (each projection dense or MatMulNBits' B, scales and zero points;
-// bits and block_size) is checked here, every shape against K, N, bits and block_size before a
-// kernel reads a byte.
+// attributes it shares with the dense op (streams, norm_scale, the prologue, num_branches and the five
+// float attributes) go through the dense op's own checks (ReadHcLowRankMixAttrs,
+// ResolveHcLowRankMixParams), under this op's name; what is the quantized op's own (each projection dense
+// or MatMulNBits' B, scales and zero points; bits and block_size) is checked here, every shape against K,
+// N, bits and block_size before a kernel reads a byte.
 #pragma once
 
 #include <onnxruntime_cxx_api.h>
@@ -290,11 +290,12 @@ Ort::Status PrepareHcNBitsCall(OrtKernelContext* context, const HcNBitsAttrs& at
   return AllocateHcLowRankMixOutputs<T>(context, &call->form.params.mix, &call->out);
 }
 
-// The kernel ORT holds: Kernel(attrs) (may throw) with Ort::Status Compute(OrtKernelContext*) (may throw);
-// no exception crosses into ORT.
+// The kernel ORT holds: Kernel(api, info, attrs) (may throw) with Ort::Status Compute(OrtKernelContext*)
+// (may throw); no exception crosses into ORT.
 template <typename Kernel>
 struct HcNBitsGuardedKernel {
-  explicit HcNBitsGuardedKernel(const HcNBitsAttrs& attrs) : kernel(attrs) {}
+  HcNBitsGuardedKernel(const OrtApi& api, const OrtKernelInfo* info, const HcNBitsAttrs& attrs)
+      : kernel(api, info, attrs) {}
 
   OrtStatusPtr ComputeV2(OrtKernelContext* ctx) noexcept {
     try {
@@ -318,7 +319,7 @@ struct HcNBitsOp : Ort::CustomOpBase<HcNBitsOp<T, Kernel>, HcNBitsGuardedKernel<
     HcNBitsAttrs attrs;
     if (OrtStatus* st = ReadHcNBitsAttrs(api, info, &attrs)) return st;
     try {
-      *kernel = new HcNBitsGuardedKernel<Kernel>(attrs);
+      *kernel = new HcNBitsGuardedKernel<Kernel>(api, info, attrs);
       return nullptr;
     } catch (...) {
       return detail::StatusFromCurrentException(api, kNBitsOpName);

@@ -15,7 +15,7 @@ template <typename T>
 struct NBitsCpuKernel {
   using S = CpuType<T>;
 
-  explicit NBitsCpuKernel(const HcNBitsAttrs& attrs) : attrs_(attrs) {}
+  NBitsCpuKernel(const OrtApi& /*api*/, const OrtKernelInfo* /*info*/, const HcNBitsAttrs& attrs) : attrs_(attrs) {}
 
   Ort::Status Compute(OrtKernelContext* context) {
     HcNBitsCall<T> call;

@@ -2,8 +2,9 @@
 // call checked and its outputs allocated as on the CPU (PrepareHcNBitsCall, hc_lowrank_mix_nbits_op.h),
 // scratch from ORT's CUDA allocator, the kernels (cuda/nbits/hc_nbits_cuda.h) launched on ORT's compute
 // stream. It never synchronizes the host and keeps no state beyond the node's attributes and device, so
-// the op is CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch, but none
-// reads anything (weights included) before the kernel before it has ended.
+// the op is CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch; a product
+// reads its quantized weight before the kernel before it has ended only where B, scales and zero points are
+// constant initializers (never written), everything else after.
 #include "ort/hc_lowrank_mix_nbits_op_cuda.h"
 
 #include <cuda_runtime.h>
@@ -28,9 +29,12 @@ template <typename T>
 struct NBitsCudaKernel {
   using S = CudaType<T>;
 
-  explicit NBitsCudaKernel(const HcNBitsAttrs& attrs) : attrs_(attrs) {
+  NBitsCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const HcNBitsAttrs& attrs) : attrs_(attrs) {
     ThrowIfFailed(cudaGetDevice(&device_), "cudaGetDevice");
     ThrowIfFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)");
+    options_.pdl = HcRunsSm90Code(caps_.sm_major);
+    options_.down_inject_constant = options_.pdl && ProjectionIsConstant(api, info, kDownInjectWeight);
+    options_.up_constant = options_.pdl && ProjectionIsConstant(api, info, kUpWeight);
   }
 
   Ort::Status Compute(OrtKernelContext* context) {
@@ -56,14 +60,33 @@ struct NBitsCudaKernel {
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(context).GetGPUComputeStream());
     const CudaScratch scratch =
         AllocateCudaScratch(context, device_, cuda::HcNBitsScratchBytes<S>(params), kNBitsOpName);
-    const bool pdl = HcRunsSm90Code(caps_.sm_major);
-    const cuda::HcLaunchStatus s = cuda::LaunchHcNBits<S>(params, tensors, scratch.get(), pdl, stream);
+    const cuda::HcLaunchStatus s = cuda::LaunchHcNBits<S>(params, tensors, scratch.get(), options_, stream);
     if (s.ok()) return Ort::Status{nullptr};
     return Ort::Status((std::string(kNBitsOpName) + " (CUDA): LaunchHcNBits failed: " + s.Message()).c_str(),
                        ORT_RUNTIME_EXCEPTION);
   }
 
  private:
+  // Whether the projection's tensors the node has (weight, scales, zero points) are all constant initializers.
+  static bool ProjectionIsConstant(const OrtApi& api, const OrtKernelInfo* info, size_t weight) {
+    auto ok = [&](OrtStatus* st) {
+      if (st == nullptr) return true;
+      api.ReleaseStatus(st);
+      return false;
+    };
+    size_t count = 0;
+    if (!ok(api.KernelInfo_GetInputCount(info, &count))) return false;
+    for (size_t i = weight; i < weight + 3 && i < count; ++i) {
+      size_t name_size = 0;  // counts the terminating NUL: 1 for an absent optional input (an empty name)
+      if (!ok(api.KernelInfo_GetInputName(info, i, nullptr, &name_size))) return false;
+      if (name_size <= 1) continue;
+      int is_constant = 0;
+      const OrtValue* value = nullptr;
+      if (!ok(api.KernelInfoGetConstantInput_tensor(info, i, &is_constant, &value)) || !is_constant) return false;
+    }
+    return true;
+  }
+
   static void ThrowIfFailed(cudaError_t e, const char* what) {
     if (e != cudaSuccess) {
       throw Ort::Exception(std::string(kNBitsOpName) + " (CUDA): " + what + ": " + cudaGetErrorName(e) + ": " +
@@ -75,6 +98,7 @@ struct NBitsCudaKernel {
   HcNBitsAttrs attrs_;
   int device_ = 0;
   HcDeviceCaps caps_;  // read once: whether the kernels run their sm_90 code (PDL)
+  cuda::HcNBitsLaunchOptions options_;
 };
 
 constexpr const char* kCudaProvider = "CUDAExecutionProvider";

@@ -116,7 +116,8 @@ struct ProductArgs {
   const T* x;  // (rows, K) activations of the chunk
   HcNBitsProjection<T> w;
   int64_t rows, K, N, block_size;
-  float* partial;  // [slices][rows][N]
+  float* partial;      // [slices][rows][N]
+  bool weights_early;  // B, scales and zero points are constant: read before the wait (PDL)
 };
 
 // The zero point of column n's quantization block b as fp32 (the CPU kernel's widening).
@@ -143,7 +144,8 @@ __device__ __forceinline__ float ZeroPoint(const HcNBitsProjection<T>& w, int64_
 // RT changes how many rows share a weight, not any row's operations.
 template <typename T, int BITS, int RT>
 __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductArgs<T> a) {
-  ptx::WaitOnProducer();  // launched early (PDL): the activations come from the kernel before it
+  // launched early (PDL): the activations come from the kernel before it, and so may the weights unless constant
+  if (!a.weights_early) ptx::WaitOnProducer();
   ptx::ReleaseDependents();
   __shared__ float xs[RT][kSliceK];
   const int64_t column_groups = CeilDiv(a.N, kProductThreads);
@@ -181,6 +183,7 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
         }
       }
     }
+    ptx::WaitOnProducer();  // (returns at once after the first time)
     __syncthreads();  // the previous item's readers are done with xs
     for (int i = threadIdx.x; i < RT * kSliceK; i += blockDim.x) {
       const int r = i / kSliceK, k = i % kSliceK;
@@ -365,8 +368,9 @@ size_t HcNBitsScratchBytes(const HcNBitsParams& params) {
 
 template <typename T>
 HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<T>& t, void* scratch,
-                             bool pdl, cudaStream_t stream) {
+                             const HcNBitsLaunchOptions& options, cudaStream_t stream) {
   const HcLowRankMixParams& m = p.mix;
+  const bool pdl = options.pdl;
   if (!Aligned8(t.down_inject.q) || !Aligned8(t.up.q)) {
     return Failure("B (down_inject_weight or up_weight) is not 8-byte aligned", cudaErrorMisalignedAddress);
   }
@@ -389,7 +393,8 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
                                                                      : LaunchNorm<T, false>(norm, pdl, stream));
     if (!s.ok()) return s;
 
-    const ProductArgs<T> down{hn, t.down_inject, rows, W, R + C, p.block_size, partial};
+    const ProductArgs<T> down{hn, t.down_inject, rows, W, R + C, p.block_size, partial,
+                              pdl && options.down_inject_constant};
     s = Failure("HcNBitsProductKernel (down_inject)", LaunchProduct(down, p.bits, pdl, stream));
     if (!s.ok()) return s;
     const DownInjectArgs<T> di{partial, CeilDiv(W, kHcNBitsSliceK), rows, R, C, hidden, t.post_gate + row0 * C,
@@ -399,7 +404,7 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
                 Launch(HcNBitsDownInjectKernel<T>, di_grid, kEpilogueThreads, 0, 1, pdl, stream, di));
     if (!s.ok()) return s;
 
-    const ProductArgs<T> up{hidden, t.up, rows, R, W, p.block_size, partial};
+    const ProductArgs<T> up{hidden, t.up, rows, R, W, p.block_size, partial, pdl && options.up_constant};
     s = Failure("HcNBitsProductKernel (up)", LaunchProduct(up, p.bits, pdl, stream));
     if (!s.ok()) return s;
     const UpGateArgs<T> ug{partial, hn, CeilDiv(R, kHcNBitsSliceK), rows, C, H, t.pre_output + row0 * H,
@@ -415,7 +420,7 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
 #define HC_INSTANTIATE_NBITS(T)                                                                           \
   template size_t HcNBitsScratchBytes<T>(const HcNBitsParams&);                                          \
   template HcLaunchStatus LaunchHcNBits<T>(const HcNBitsParams&, const HcNBitsDeviceTensors<T>&, void*, \
-                                           bool, cudaStream_t);
+                                           const HcNBitsLaunchOptions&, cudaStream_t);
 HC_INSTANTIATE_NBITS(float)
 HC_INSTANTIATE_NBITS(__half)
 HC_INSTANTIATE_NBITS(__nv_bfloat16)

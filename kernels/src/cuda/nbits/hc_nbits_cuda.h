@@ -10,7 +10,7 @@
 //   HcNBitsUpGateKernel      the slices added in order -> up -> g, pre_output (branches in order)
 // The slices depend on K only, the chunk on nothing a row computes, so a row's bits are the same at every
 // row count. No host synchronization and no allocation: CUDA-graph capturable. On sm_90 the kernels launch with
-// programmatic dependent launch, each waiting for its predecessor before its first read.
+// programmatic dependent launch (HcNBitsLaunchOptions).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,6 +46,15 @@ struct HcNBitsDeviceTensors {
   T* streams_out = nullptr;
 };
 
+// pdl: every kernel launches with programmatic dependent launch (sm_90 code only, HcRunsSm90Code) and waits
+// for the kernel before it before reading what it may write; a product reads its quantized weight (B, scales,
+// zero points) before that wait only where the projection's flag says they are constant initializers.
+struct HcNBitsLaunchOptions {
+  bool pdl = false;
+  bool down_inject_constant = false;
+  bool up_constant = false;
+};
+
 // Bytes of device scratch LaunchHcNBits needs (256-byte aligned parts: hn and hidden of one chunk in T, the
 // fp32 partials of one chunk's larger product).
 template <typename T>
@@ -53,11 +62,10 @@ size_t HcNBitsScratchBytes(const HcNBitsParams& params);
 
 // Runs the op for params.mix.rows > 0 rows on `stream`; scratch holds HcNBitsScratchBytes bytes. Shapes are
 // the caller's to have checked (ResolveHcNBitsForm). B must be 8-byte aligned (ORT's allocations are).
-// pdl: launch every kernel with programmatic dependent launch (sm_90 code only, HcRunsSm90Code); each waits
-// for the kernel before it before reading anything, weights included. Never throws and never synchronizes.
+// Never throws and never synchronizes.
 template <typename T>
 HcLaunchStatus LaunchHcNBits(const HcNBitsParams& params, const HcNBitsDeviceTensors<T>& tensors, void* scratch,
-                             bool pdl, cudaStream_t stream);
+                             const HcNBitsLaunchOptions& options, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace hcfuse
