@@ -164,9 +164,11 @@ def test_prologue_outputs_and_rows(hcfuse_lib, rng, dtype, prologue, streams_out
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("C,H,R", [(1, 200, 3), (5, 37, 130), (2, 64, 300), (9, 16, 8)])
+@pytest.mark.parametrize("C,H,R", [(1, 200, 3), (5, 37, 130), (2, 64, 300), (9, 16, 8), (3, 40, 600), (130, 2, 3)])
 def test_odd_shapes(hcfuse_lib, rng, dtype, C, H, R):
-    """C = 1, C > 8, H not a multiple of anything, R past one and two slices, N past one column group."""
+    """C = 1, C > 8, H not a multiple of anything, R past one and two slices of 128 and past one staging of
+    hidden (512), N past one column group; C = 130, past the branches one block of the fused up kernel holds
+    (128): the sliced up product and its separate epilogue."""
     _require_dtype(dtype)
     feeds = random_nbits_inputs(C, H, R, dtype, rng, zp="packed", lead=(7,), prologue=True)
     check_case(hcfuse_lib, feeds, C=C, dtype=dtype, what=f"C={C} H={H} R={R}", **ODD_ATTRS)

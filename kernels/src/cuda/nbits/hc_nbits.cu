@@ -6,9 +6,11 @@
 // count, the chunk, the row tile or the grid, so results are deterministic and row independent:
 //   norm's sum of squares: per thread strided over h (thread t: h = t, t + 1024, ...; MulAdd), a warp
 //     butterfly, the warp sums added in warp order (BlockSum), as the dense general path;
-//   a product out[n] = sum_k x[k] w[k, n] (down_inject: K = C*H; up: K = R): K cut into slices of
-//     kHcNBitsSliceK (the last one shorter); within a slice k ascends from the slice's first k in one fmaf
-//     chain from 0; the slices' fp32 partials are added in slice order from 0 by the epilogue kernel;
+//   down_inject (K = C*H): K cut into slices of kHcNBitsSliceK (the last one shorter); within a slice k
+//     ascends from the slice's first k in one fmaf chain from 0; the slices' fp32 partials are added in slice
+//     order from 0 by the epilogue kernel;
+//   up (K = R): one fmaf chain from 0 over k = 0, ..., R-1 (HcNBitsUpMixKernel, C <= 128), or sliced as
+//     down_inject (C > 128: HcNBitsProductKernel and HcNBitsUpGateKernel);
 //   pre_output: branches added in order c = 0, ..., C-1 (MulAdd), then times reduction_scale.
 // A quantized weight is (q - zero point) * scale in fp32, the CPU kernel's arithmetic: q and the zero point
 // widened to fp32 (a zero point of T exactly), one __fsub_rn, one __fmul_rn; it enters the product as fp32.
@@ -17,6 +19,7 @@
 #include "cuda/nbits/hc_nbits_cuda.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/common/hc_common.cuh"
 #include "cuda/common/hc_ptx.cuh"
@@ -33,6 +36,8 @@ constexpr int kEpilogueThreads = 256;
 constexpr int kChunkK = 16;  // k per load of B: 8 bytes at 4 bits, 16 at 8 (block_size >= 16 divides into them)
 constexpr int kSliceK = static_cast<int>(kHcNBitsSliceK);  // as a value device code can take
 constexpr int kChunksPerSlice = kSliceK / kChunkK;
+// k of hidden the fused up kernel stages at a time (a multiple of kSliceK; 16 KB at 8 rows)
+constexpr int kUpStageK = 4 * kSliceK;
 constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid cap of the grid-stride kernels
 constexpr size_t kScratchAlign = 256;
 
@@ -135,13 +140,81 @@ __device__ __forceinline__ float ZeroPoint(const HcNBitsProjection<T>& w, int64_
   return static_cast<float>(1 << (BITS - 1));
 }
 
+// One column's weights over one K slice [k0, k0 + klen) of a projection [K, N]. Load issues every load the
+// slice needs (quantized: B's bytes of the column, one contiguous run read as 8-byte words, and each chunk's
+// scale and zero point; dense: nothing, its T weights are read as they are used, coalesced across the columns);
+// Accumulate adds x[r * ldx + k] * w[k] to acc[r] for k ascending over the slice, one fmaf a step, each weight
+// made once for the RT rows (x: the rows' activations of the slice, fp32).
+template <typename T, int BITS>
+struct SliceWeights {
+  static constexpr int kWords = BITS == 0 ? 1 : kChunkK * BITS / 64;  // 8-byte words a chunk: 1 (4 bits), 2 (8)
+  uint2 raw[kChunksPerSlice][kWords];
+  float scale[kChunksPerSlice], zero[kChunksPerSlice];  // of each chunk's block (a chunk never leaves it)
+  const T* dense;  // the column's weight at k0 (BITS 0)
+  int64_t N;
+
+  __device__ __forceinline__ void Load(const HcNBitsProjection<T>& w, int64_t n, int64_t K, int64_t N_, int64_t k0,
+                                       int klen, int64_t block_size) {
+    if constexpr (BITS == 0) {
+      dense = w.dense + k0 * N_ + n;
+      N = N_;
+    } else {
+      const int64_t k_blocks = CeilDiv(K, block_size);
+      const int chunks = (klen + kChunkK - 1) / kChunkK;
+      const uint8_t* column = w.q + n * (k_blocks * block_size * BITS / 8) + k0 * BITS / 8;
+#pragma unroll
+      for (int c = 0; c < kChunksPerSlice; ++c) {
+        if (c < chunks) {
+#pragma unroll
+          for (int u = 0; u < kWords; ++u) {
+            raw[c][u] = __ldg(reinterpret_cast<const uint2*>(column + c * (kChunkK * BITS / 8)) + u);
+          }
+          const int64_t b = (k0 + c * kChunkK) / block_size;
+          scale[c] = ToFloat(w.scales[n * k_blocks + b]);
+          zero[c] = ZeroPoint<T, BITS>(w, n, b, k_blocks);
+        }
+      }
+    }
+  }
+
+  template <int RT>
+  __device__ __forceinline__ void Accumulate(const float* x, int ldx, int klen, float (&acc)[RT]) const {
+    if constexpr (BITS == 0) {
+      for (int k = 0; k < klen; ++k) {
+        const float wk = ToFloat(dense[k * N]);
+#pragma unroll
+        for (int r = 0; r < RT; ++r) acc[r] = fmaf(x[r * ldx + k], wk, acc[r]);
+      }
+    } else {
+      const int chunks = (klen + kChunkK - 1) / kChunkK;
+#pragma unroll
+      for (int c = 0; c < kChunksPerSlice; ++c) {
+        if (c >= chunks) break;
+        const int valid = klen - c * kChunkK;  // padding k >= K of the last block is never added
+#pragma unroll
+        for (int t = 0; t < kChunkK; ++t) {
+          if (t >= valid) break;
+          uint32_t q;
+          if constexpr (BITS == 4) {
+            const uint32_t word = t < 8 ? raw[c][0].x : raw[c][0].y;
+            q = (word >> (4 * (t % 8))) & 15u;
+          } else {
+            const uint2 pair = raw[c][t / 8];
+            q = ((t % 8 < 4 ? pair.x : pair.y) >> (8 * (t % 4))) & 255u;
+          }
+          const float wk = __fmul_rn(__fsub_rn(static_cast<float>(q), zero[c]), scale[c]);
+#pragma unroll
+          for (int r = 0; r < RT; ++r) acc[r] = fmaf(x[r * ldx + c * kChunkK + t], wk, acc[r]);
+        }
+      }
+    }
+  }
+};
+
 // Partial sums of one K slice for kProductThreads columns and RT rows: block = (slice, column group, row
-// tile). The tile's activations of the slice are staged in shared memory as fp32; a thread owns column n and
-// accumulates acc[r] = fmaf(x[r][k], w[k][n], acc[r]) for k ascending from the slice's start, each weight
-// made once for the RT rows. BITS 0: dense T weights [K, N] (loads coalesced across the columns); 4 or 8:
-// B's row n, whose slice is one contiguous run of bytes, loaded as 8-byte words with the slice's scales and
-// zero points before the activations are staged.
-// RT changes how many rows share a weight, not any row's operations.
+// tile). A thread owns column n: its slice's weights are loaded (SliceWeights), then the tile's activations
+// of the slice staged in shared memory as fp32, then accumulated from 0. RT changes how many rows share a
+// weight, not any row's operations.
 template <typename T, int BITS, int RT>
 __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductArgs<T> a) {
   // launched early (PDL): the activations come from the kernel before it, and so may the weights unless constant
@@ -160,31 +233,10 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
     const int klen = static_cast<int>(std::min<int64_t>(int64_t{kSliceK}, a.K - k0));
     const int64_t n = group * kProductThreads + threadIdx.x;
     const bool active = n < a.N;
-    // B's bytes, scales and zero points of the thread's column first, so that their latency overlaps the staging
-    constexpr int kWordsPerChunk = BITS == 0 ? 1 : kChunkK * BITS / 64;  // 8-byte words a chunk: 1 (4 bits), 2 (8)
-    const int64_t k_blocks = CeilDiv(a.K, a.block_size);
-    const int chunks = (klen + kChunkK - 1) / kChunkK;
-    uint2 raw[kChunksPerSlice][kWordsPerChunk];
-    float scale[kChunksPerSlice], zero[kChunksPerSlice];  // of each chunk's block (a chunk never leaves it)
-    if constexpr (BITS != 0) {
-      if (active) {
-        const uint8_t* column = a.w.q + n * (k_blocks * a.block_size * BITS / 8) + k0 * BITS / 8;
-#pragma unroll
-        for (int c = 0; c < kChunksPerSlice; ++c) {
-          if (c < chunks) {
-#pragma unroll
-            for (int u = 0; u < kWordsPerChunk; ++u) {
-              raw[c][u] = __ldg(reinterpret_cast<const uint2*>(column + c * (kChunkK * BITS / 8)) + u);
-            }
-            const int64_t b = (k0 + c * kChunkK) / a.block_size;
-            scale[c] = ToFloat(a.w.scales[n * k_blocks + b]);
-            zero[c] = ZeroPoint<T, BITS>(a.w, n, b, k_blocks);
-          }
-        }
-      }
-    }
+    SliceWeights<T, BITS> w;
+    if (active) w.Load(a.w, n, a.K, a.N, k0, klen, a.block_size);  // overlaps the staging below
     ptx::WaitOnProducer();  // (returns at once after the first time)
-    __syncthreads();  // the previous item's readers are done with xs
+    __syncthreads();        // the previous item's readers are done with xs
     for (int i = threadIdx.x; i < RT * kSliceK; i += blockDim.x) {
       const int r = i / kSliceK, k = i % kSliceK;
       xs[r][k] = row0 + r < a.rows && k < klen ? ToFloat(a.x[(row0 + r) * a.K + k0 + k]) : 0.0f;
@@ -194,38 +246,94 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
     float acc[RT];
 #pragma unroll
     for (int r = 0; r < RT; ++r) acc[r] = 0.0f;
-    if constexpr (BITS == 0) {
-      const T* w = a.w.dense + k0 * a.N + n;
-      for (int k = 0; k < klen; ++k) {
-        const float wk = ToFloat(w[k * a.N]);
-#pragma unroll
-        for (int r = 0; r < RT; ++r) acc[r] = fmaf(xs[r][k], wk, acc[r]);
-      }
-    } else {
-#pragma unroll
-      for (int c = 0; c < kChunksPerSlice; ++c) {
-        if (c >= chunks) break;
-        const int valid = klen - c * kChunkK;  // padding k >= K of the last block is never added
-#pragma unroll
-        for (int t = 0; t < kChunkK; ++t) {
-          if (t >= valid) break;
-          uint32_t q;
-          if constexpr (BITS == 4) {
-            const uint32_t word = t < 8 ? raw[c][0].x : raw[c][0].y;
-            q = (word >> (4 * (t % 8))) & 15u;
-          } else {
-            const uint2 pair = raw[c][t / 8];
-            q = ((t % 8 < 4 ? pair.x : pair.y) >> (8 * (t % 4))) & 255u;
-          }
-          const float wk = __fmul_rn(__fsub_rn(static_cast<float>(q), zero[c]), scale[c]);
-#pragma unroll
-          for (int r = 0; r < RT; ++r) acc[r] = fmaf(xs[r][c * kChunkK + t], wk, acc[r]);
-        }
-      }
-    }
+    w.template Accumulate<RT>(&xs[0][0], kSliceK, klen, acc);
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
       if (row0 + r < a.rows) a.partial[(slice * a.rows + row0 + r) * a.N + n] = acc[r];
+    }
+  }
+}
+
+template <typename T>
+struct UpMixArgs {
+  const T* hidden;  // (rows, R) of the chunk
+  const T* hn;      // (rows, C*H)
+  HcNBitsProjection<T> w;  // up: K = R, N = C*H
+  int64_t rows, C, H, R, block_size;
+  T* pre_output;  // (rows, H), the chunk's first row
+  float reduction_scale;
+  bool weights_early;  // B, scales and zero points are constant: read before the wait (PDL)
+};
+
+// The up product with g and pre_output, for C <= kProductThreads: block = (group of F = kProductThreads / C
+// features, row tile). Thread j owns column c*H + h (c = j / F, h = h0 + j % F) and sums up over all of
+// K = R in one fmaf chain from 0, k ascending (the reference's order), slice by slice: the next slice's
+// weights load while this one is added; the tile's hidden is staged kUpStageK at a time. Then up (rounded)
+// -> g (rounded) to shared memory with the thread's hn, and thread (r, f) adds the branches in order
+// c = 0, ..., C-1 -> pre_output. RT changes how many rows share a weight, not any row's operations.
+template <typename T, int BITS, int RT>
+__global__ void __launch_bounds__(kProductThreads) HcNBitsUpMixKernel(UpMixArgs<T> a) {
+  if (!a.weights_early) ptx::WaitOnProducer();  // launched early (PDL), as HcNBitsProductKernel
+  __shared__ float xs[RT][kUpStageK];
+  __shared__ float gs[RT][kProductThreads], hns[RT][kProductThreads];
+  const int64_t W = a.C * a.H;
+  const int F = kProductThreads / static_cast<int>(a.C);
+  const int64_t feature_groups = CeilDiv(a.H, F);
+  const int64_t row_tiles = CeilDiv(a.rows, RT);
+  const int64_t slices = CeilDiv(a.R, kSliceK);
+  const int j = threadIdx.x;
+  for (int64_t item = blockIdx.x; item < feature_groups * row_tiles; item += gridDim.x) {
+    const int64_t tile = item / feature_groups, h0 = (item - tile * feature_groups) * F, row0 = tile * RT;
+    const int64_t c = j / F, h = h0 + j % F;
+    const bool active = c < a.C && h < a.H;
+    const int64_t n = c * a.H + h;
+    SliceWeights<T, BITS> w;
+    if (active) w.Load(a.w, n, a.R, W, 0, static_cast<int>(std::min<int64_t>(kSliceK, a.R)), a.block_size);
+    ptx::WaitOnProducer();  // (returns at once after the first time)
+    float hn[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) hn[r] = active && row0 + r < a.rows ? ToFloat(a.hn[(row0 + r) * W + n]) : 0.0f;
+    float acc[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) acc[r] = 0.0f;
+    for (int64_t s = 0; s < slices; ++s) {
+      const int64_t k0 = s * kSliceK;
+      const int klen = static_cast<int>(std::min<int64_t>(int64_t{kSliceK}, a.R - k0));
+      const int64_t stage0 = k0 / kUpStageK * kUpStageK;
+      if (k0 == stage0) {  // the tile's hidden [stage0, stage0 + kUpStageK)
+        __syncthreads();   // the previous readers are done with xs
+        const int len = static_cast<int>(std::min<int64_t>(kUpStageK, a.R - stage0));
+        for (int i = j; i < RT * kUpStageK; i += blockDim.x) {
+          const int r = i / kUpStageK, k = i % kUpStageK;
+          xs[r][k] = row0 + r < a.rows && k < len ? ToFloat(a.hidden[(row0 + r) * a.R + stage0 + k]) : 0.0f;
+        }
+        __syncthreads();
+      }
+      SliceWeights<T, BITS> next;
+      if (active && s + 1 < slices) {
+        next.Load(a.w, n, a.R, W, k0 + kSliceK, static_cast<int>(std::min<int64_t>(kSliceK, a.R - k0 - kSliceK)),
+                  a.block_size);
+      }
+      if (active) w.template Accumulate<RT>(&xs[0][k0 - stage0], kUpStageK, klen, acc);
+      if (s + 1 < slices) w = next;
+    }
+    __syncthreads();  // the previous item's readers are done with gs and hns
+    if (active) {
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        const float up = RoundToT<T>(acc[r]);     // rounding point: up
+        gs[r][j] = RoundToT<T>(Sigmoid(up));       // rounding point: g
+        hns[r][j] = hn[r];
+      }
+    }
+    __syncthreads();
+    for (int i = j; i < RT * F; i += blockDim.x) {
+      const int r = i / F, f = i % F;
+      if (row0 + r >= a.rows || h0 + f >= a.H) continue;
+      float mix = 0.0f;
+      for (int64_t cc = 0; cc < a.C; ++cc) mix = MulAdd<T>(hns[r][cc * F + f], gs[r][cc * F + f], mix);
+      // rounding point: pre_output
+      a.pre_output[(row0 + r) * a.H + h0 + f] = FromFloat<T>(__fmul_rn(a.reduction_scale, mix));
     }
   }
 }
@@ -311,13 +419,17 @@ struct ScratchLayout {
   size_t hn = 0, hidden = 0, partial = 0, total = 0;
 };
 
+// Whether HcNBitsUpMixKernel runs the up product and its epilogue (a block holds every branch of a feature),
+// else HcNBitsProductKernel and HcNBitsUpGateKernel.
+bool FusedUpMix(const HcLowRankMixParams& m) { return m.C <= kProductThreads; }
+
 template <typename T>
 ScratchLayout MakeLayout(const HcNBitsParams& p) {
   const HcLowRankMixParams& m = p.mix;
   const auto rows = static_cast<size_t>(std::min(m.rows, kHcNBitsChunkRows));
   const auto width = static_cast<size_t>(m.width());
   const size_t di_floats = static_cast<size_t>(CeilDiv(width, kHcNBitsSliceK) * (m.R + m.C));
-  const size_t up_floats = static_cast<size_t>(CeilDiv(m.R, kHcNBitsSliceK)) * width;
+  const size_t up_floats = FusedUpMix(m) ? 0 : static_cast<size_t>(CeilDiv(m.R, kHcNBitsSliceK)) * width;
   ScratchLayout l;
   l.hidden = AlignUp(rows * width * sizeof(T));
   l.partial = l.hidden + AlignUp(rows * static_cast<size_t>(m.R) * sizeof(T));
@@ -331,25 +443,43 @@ HcLaunchStatus Failure(const char* step, cudaError_t e) {
 
 int GridFor(int64_t items) { return static_cast<int>(std::max<int64_t>(1, std::min(items, kMaxGrid))); }
 
-template <typename T, int BITS, int RT>
-cudaError_t LaunchProductTile(const ProductArgs<T>& a, bool pdl, cudaStream_t stream) {
-  const int64_t items = CeilDiv(a.K, kHcNBitsSliceK) * CeilDiv(a.N, kProductThreads) * CeilDiv(a.rows, RT);
-  return Launch(HcNBitsProductKernel<T, BITS, RT>, GridFor(items), kProductThreads, 0, 1, pdl, stream, a);
+// fn(std::integral_constant<int, RT>) for the rows a weight is made for: up to 8 (a tile's rows never
+// change a row's operations).
+template <typename Fn>
+cudaError_t ForRowTile(int64_t rows, Fn&& fn) {
+  if (rows >= 8) return fn(std::integral_constant<int, 8>{});
+  if (rows >= 4) return fn(std::integral_constant<int, 4>{});
+  if (rows >= 2) return fn(std::integral_constant<int, 2>{});
+  return fn(std::integral_constant<int, 1>{});
 }
 
-// Rows a weight is made for: up to 8 (a tile's rows never change a row's operations).
-template <typename T, int BITS>
-cudaError_t LaunchProductBits(const ProductArgs<T>& a, bool pdl, cudaStream_t stream) {
-  if (a.rows >= 8) return LaunchProductTile<T, BITS, 8>(a, pdl, stream);
-  if (a.rows >= 4) return LaunchProductTile<T, BITS, 4>(a, pdl, stream);
-  if (a.rows >= 2) return LaunchProductTile<T, BITS, 2>(a, pdl, stream);
-  return LaunchProductTile<T, BITS, 1>(a, pdl, stream);
+// fn(std::integral_constant<int, BITS>): 0 for a dense projection, else the node's bits.
+template <typename T, typename Fn>
+cudaError_t ForBits(const HcNBitsProjection<T>& w, int64_t bits, Fn&& fn) {
+  if (w.q == nullptr) return fn(std::integral_constant<int, 0>{});
+  return bits == 8 ? fn(std::integral_constant<int, 8>{}) : fn(std::integral_constant<int, 4>{});
 }
 
 template <typename T>
 cudaError_t LaunchProduct(const ProductArgs<T>& a, int64_t bits, bool pdl, cudaStream_t stream) {
-  if (a.w.q == nullptr) return LaunchProductBits<T, 0>(a, pdl, stream);
-  return bits == 8 ? LaunchProductBits<T, 8>(a, pdl, stream) : LaunchProductBits<T, 4>(a, pdl, stream);
+  return ForBits(a.w, bits, [&](auto b) {
+    return ForRowTile(a.rows, [&](auto rt) {
+      constexpr int BITS = decltype(b)::value, RT = decltype(rt)::value;
+      const int64_t items = CeilDiv(a.K, kHcNBitsSliceK) * CeilDiv(a.N, kProductThreads) * CeilDiv(a.rows, RT);
+      return Launch(HcNBitsProductKernel<T, BITS, RT>, GridFor(items), kProductThreads, 0, 1, pdl, stream, a);
+    });
+  });
+}
+
+template <typename T>
+cudaError_t LaunchUpMix(const UpMixArgs<T>& a, int64_t bits, bool pdl, cudaStream_t stream) {
+  return ForBits(a.w, bits, [&](auto b) {
+    return ForRowTile(a.rows, [&](auto rt) {
+      constexpr int BITS = decltype(b)::value, RT = decltype(rt)::value;
+      const int64_t items = CeilDiv(a.H, kProductThreads / a.C) * CeilDiv(a.rows, RT);
+      return Launch(HcNBitsUpMixKernel<T, BITS, RT>, GridFor(items), kProductThreads, 0, 1, pdl, stream, a);
+    });
+  });
 }
 
 template <typename T, bool PROLOGUE>
@@ -404,7 +534,15 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
                 Launch(HcNBitsDownInjectKernel<T>, di_grid, kEpilogueThreads, 0, 1, pdl, stream, di));
     if (!s.ok()) return s;
 
-    const ProductArgs<T> up{hidden, t.up, rows, R, W, p.block_size, partial, pdl && options.up_constant};
+    const bool up_early = pdl && options.up_constant;
+    if (FusedUpMix(m)) {
+      const UpMixArgs<T> um{hidden, hn, t.up, rows, C, H, R, p.block_size, t.pre_output + row0 * H,
+                            m.reduction_scale, up_early};
+      s = Failure("HcNBitsUpMixKernel", LaunchUpMix(um, p.bits, pdl, stream));
+      if (!s.ok()) return s;
+      continue;
+    }
+    const ProductArgs<T> up{hidden, t.up, rows, R, W, p.block_size, partial, up_early};
     s = Failure("HcNBitsProductKernel (up)", LaunchProduct(up, p.bits, pdl, stream));
     if (!s.ok()) return s;
     const UpGateArgs<T> ug{partial, hn, CeilDiv(R, kHcNBitsSliceK), rows, C, H, t.pre_output + row0 * H,
