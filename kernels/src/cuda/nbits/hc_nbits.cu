@@ -254,6 +254,19 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
   }
 }
 
+// Asks L2 for column n's bytes of B past its first slice (up to kUpPrefetchBytes), which the fused up kernel
+// reads a slice at a time: each slice's load then finds them in L2 instead of waiting on memory.
+constexpr int64_t kUpPrefetchBytes = 1024;
+template <int BITS>
+__device__ __forceinline__ void PrefetchColumnTail(const uint8_t* q, int64_t n, int64_t K, int64_t block_size) {
+  const int64_t row_bytes = CeilDiv(K, block_size) * block_size * BITS / 8;
+  const uint8_t* column = q + n * row_bytes;
+  const int64_t end = std::min<int64_t>(row_bytes, int64_t{kSliceK} * BITS / 8 + kUpPrefetchBytes);
+  for (int64_t at = int64_t{kSliceK} * BITS / 8; at < end; at += 32) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(column + at)));
+  }
+}
+
 template <typename T>
 struct UpMixArgs {
   const T* hidden;  // (rows, R) of the chunk
@@ -267,8 +280,9 @@ struct UpMixArgs {
 
 // The up product with g and pre_output, for C <= kProductThreads: block = (group of F = kProductThreads / C
 // features, row tile). Thread j owns column c*H + h (c = j / F, h = h0 + j % F) and sums up over all of
-// K = R in one fmaf chain from 0, k ascending (the reference's order), slice by slice: the next slice's
-// weights load while this one is added; the tile's hidden is staged kUpStageK at a time. Then up (rounded)
+// K = R in one fmaf chain from 0, k ascending (the reference's order), slice by slice: the column's later
+// bytes are prefetched to L2 at the start and the next slice's weights load while this one is added; the
+// tile's hidden is staged kUpStageK at a time. Then up (rounded)
 // -> g (rounded) to shared memory with the thread's hn, and thread (r, f) adds the branches in order
 // c = 0, ..., C-1 -> pre_output. RT changes how many rows share a weight, not any row's operations.
 template <typename T, int BITS, int RT>
@@ -288,7 +302,10 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsUpMixKernel(UpMixArgs<
     const bool active = c < a.C && h < a.H;
     const int64_t n = c * a.H + h;
     SliceWeights<T, BITS> w;
-    if (active) w.Load(a.w, n, a.R, W, 0, static_cast<int>(std::min<int64_t>(kSliceK, a.R)), a.block_size);
+    if (active) {
+      w.Load(a.w, n, a.R, W, 0, static_cast<int>(std::min<int64_t>(kSliceK, a.R)), a.block_size);
+      if constexpr (BITS != 0) PrefetchColumnTail<BITS>(a.w.q, n, a.R, a.block_size);
+    }
     ptx::WaitOnProducer();  // (returns at once after the first time)
     float hn[RT];
 #pragma unroll
