@@ -8,7 +8,7 @@
 //     butterfly, the warp sums added in warp order (BlockSum), as the dense general path;
 //   down_inject (K = C*H): K cut into slices of kHcNBitsSliceK (the last one shorter); within a slice k
 //     ascends from the slice's first k in one fmaf chain from 0; the slices' fp32 partials are added in slice
-//     order from 0 by the epilogue kernel;
+//     order from 0 by the block that stores the last of them (whichever it is, the same sum);
 //   up (K = R): one fmaf chain from 0 over k = 0, ..., R-1 (HcNBitsUpMixKernel, C <= 128), or sliced as
 //     down_inject (C > 128: HcNBitsProductKernel and HcNBitsUpGateKernel);
 //   pre_output: branches added in order c = 0, ..., C-1 (MulAdd), then times reduction_scale.
@@ -54,6 +54,8 @@ struct NormArgs {
   T* hn;                       // (rows, C*H)
   int64_t rows, C, H;
   float epsilon;
+  unsigned* counters;  // the down_inject product's, zeroed here (the product after this kernel counts in them)
+  int64_t counter_count;
 };
 
 // S of feature h of one branch of one row: streams as they are, or the prologue's multiply-add rounded to T.
@@ -76,6 +78,9 @@ template <typename T, bool PROLOGUE>
 __global__ void __launch_bounds__(kNormThreads) HcNBitsNormKernel(NormArgs<T> a) {
   ptx::WaitOnProducer();  // launched early (PDL): streams and the prologue inputs come from upstream
   ptx::ReleaseDependents();
+  if (blockIdx.x == 0) {
+    for (int64_t i = threadIdx.x; i < a.counter_count; i += blockDim.x) a.counters[i] = 0;
+  }
   __shared__ float warp_sums[32];
   const int64_t step = blockDim.x;
   for (int64_t item = blockIdx.x; item < a.rows * a.C; item += gridDim.x) {
@@ -116,6 +121,33 @@ __global__ void __launch_bounds__(kNormThreads) HcNBitsNormKernel(NormArgs<T> a)
   }
 }
 
+// The sum of one output's slices in slice order from 0. The partials are loaded kSumBatch at a time before
+// they are added (one load latency a batch, not one a slice), from L2 (another block wrote them).
+constexpr int kSumBatch = 32;
+__device__ __forceinline__ float SliceSum(const float* __restrict__ partial, int64_t slices, int64_t slice_stride) {
+  float acc = 0.0f;
+  for (int64_t s0 = 0; s0 < slices; s0 += kSumBatch) {
+    float v[kSumBatch];
+#pragma unroll
+    for (int j = 0; j < kSumBatch; ++j) v[j] = s0 + j < slices ? __ldcg(partial + (s0 + j) * slice_stride) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kSumBatch; ++j) {
+      if (s0 + j < slices) acc = __fadd_rn(acc, v[j]);
+    }
+  }
+  return acc;
+}
+
+// down_inject's epilogue, run by the block that stores a (column group, row tile)'s last slice.
+template <typename T>
+struct DownInjectEpilogue {
+  unsigned* counters;  // [row tiles][column groups] slices stored, zeroed by the norm; null: no epilogue
+  int64_t R, C;
+  T* hidden;     // (rows, R)
+  T* post_gate;  // (rows, C), the chunk's first row
+  float silu_alpha, gate_div, gate_mul;
+};
+
 template <typename T>
 struct ProductArgs {
   const T* x;  // (rows, K) activations of the chunk
@@ -123,6 +155,7 @@ struct ProductArgs {
   int64_t rows, K, N, block_size;
   float* partial;      // [slices][rows][N]
   bool weights_early;  // B, scales and zero points are constant: read before the wait (PDL)
+  DownInjectEpilogue<T> epilogue;
 };
 
 // The zero point of column n's quantization block b as fp32 (the CPU kernel's widening).
@@ -213,14 +246,16 @@ struct SliceWeights {
 
 // Partial sums of one K slice for kProductThreads columns and RT rows: block = (slice, column group, row
 // tile). A thread owns column n: its slice's weights are loaded (SliceWeights), then the tile's activations
-// of the slice staged in shared memory as fp32, then accumulated from 0. RT changes how many rows share a
-// weight, not any row's operations.
+// of the slice staged in shared memory as fp32, then accumulated from 0. With an epilogue (down_inject), the
+// block that completes a (column group, row tile) adds its slices in order: down -> Z, SG, hidden (scratch) or
+// inject -> post_gate. RT changes how many rows share a weight, not any row's operations.
 template <typename T, int BITS, int RT>
 __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductArgs<T> a) {
   // launched early (PDL): the activations come from the kernel before it, and so may the weights unless constant
   if (!a.weights_early) ptx::WaitOnProducer();
   ptx::ReleaseDependents();
   __shared__ float xs[RT][kSliceK];
+  __shared__ bool last_block;
   const int64_t column_groups = CeilDiv(a.N, kProductThreads);
   const int64_t slices = CeilDiv(a.K, kSliceK);
   const int64_t row_tiles = CeilDiv(a.rows, RT);
@@ -242,14 +277,40 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsProductKernel(ProductA
       xs[r][k] = row0 + r < a.rows && k < klen ? ToFloat(a.x[(row0 + r) * a.K + k0 + k]) : 0.0f;
     }
     __syncthreads();
-    if (!active) continue;
-    float acc[RT];
+    if (active) {
+      float acc[RT];
 #pragma unroll
-    for (int r = 0; r < RT; ++r) acc[r] = 0.0f;
-    w.template Accumulate<RT>(&xs[0][0], kSliceK, klen, acc);
+      for (int r = 0; r < RT; ++r) acc[r] = 0.0f;
+      w.template Accumulate<RT>(&xs[0][0], kSliceK, klen, acc);
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        if (row0 + r < a.rows) a.partial[(slice * a.rows + row0 + r) * a.N + n] = acc[r];
+      }
+    }
+    const DownInjectEpilogue<T>& e = a.epilogue;
+    if (e.counters == nullptr) continue;
+    // the block that stores the last of a (column group, row tile)'s slices adds them up (whichever block that
+    // is, in slice order) and applies down_inject's epilogue
+    __threadfence();  // this block's partials are visible to every block before its count is
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      last_block = atomicAdd(e.counters + tile * column_groups + group, 1u) == static_cast<unsigned>(slices - 1);
+    }
+    __syncthreads();
+    if (!last_block || !active) continue;
+    __threadfence();
 #pragma unroll
     for (int r = 0; r < RT; ++r) {
-      if (row0 + r < a.rows) a.partial[(slice * a.rows + row0 + r) * a.N + n] = acc[r];
+      const int64_t row = row0 + r;
+      if (row >= a.rows) continue;
+      // rounding point: down / inject
+      const float sum = RoundToT<T>(SliceSum(a.partial + row * a.N + n, slices, a.rows * a.N));
+      if (n < e.R) {
+        e.hidden[row * e.R + n] = FromFloat<T>(ScaledSilu<T>(sum, e.silu_alpha));  // Z, SG, hidden
+      } else {
+        // rounding points: gate logit, its sigmoid, post_gate
+        e.post_gate[row * e.C + (n - e.R)] = FromFloat<T>(PostGate<T>(sum, e.gate_div, e.gate_mul));
+      }
     }
   }
 }
@@ -355,51 +416,6 @@ __global__ void __launch_bounds__(kProductThreads) HcNBitsUpMixKernel(UpMixArgs<
   }
 }
 
-// The sum of one output's slices in slice order from 0. The partials are loaded kSumBatch at a time before
-// they are added (one load latency a batch, not one a slice).
-constexpr int kSumBatch = 32;
-__device__ __forceinline__ float SliceSum(const float* __restrict__ partial, int64_t slices, int64_t slice_stride) {
-  float acc = 0.0f;
-  for (int64_t s0 = 0; s0 < slices; s0 += kSumBatch) {
-    float v[kSumBatch];
-#pragma unroll
-    for (int j = 0; j < kSumBatch; ++j) v[j] = s0 + j < slices ? __ldg(partial + (s0 + j) * slice_stride) : 0.0f;
-#pragma unroll
-    for (int j = 0; j < kSumBatch; ++j) {
-      if (s0 + j < slices) acc = __fadd_rn(acc, v[j]);
-    }
-  }
-  return acc;
-}
-
-template <typename T>
-struct DownInjectArgs {
-  const float* partial;  // [slices][rows][R + C]
-  int64_t slices, rows, R, C;
-  T* hidden;     // (rows, R)
-  T* post_gate;  // (rows, C), the chunk's first row
-  float silu_alpha, gate_div, gate_mul;
-};
-
-// Per (row, column) of down_inject: the slices' sum -> down (rounded) -> hidden, or inject (rounded) -> post_gate.
-template <typename T>
-__global__ void __launch_bounds__(kEpilogueThreads) HcNBitsDownInjectKernel(DownInjectArgs<T> a) {
-  ptx::WaitOnProducer();  // launched early (PDL): the partials come from the product before it
-  ptx::ReleaseDependents();
-  const int64_t N = a.R + a.C;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < a.rows * N;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / N, n = i - row * N;
-    const float sum = RoundToT<T>(SliceSum(a.partial + i, a.slices, a.rows * N));  // rounding point: down / inject
-    if (n < a.R) {
-      a.hidden[row * a.R + n] = FromFloat<T>(ScaledSilu<T>(sum, a.silu_alpha));
-    } else {
-      // rounding points: gate logit, its sigmoid, post_gate
-      a.post_gate[row * a.C + (n - a.R)] = FromFloat<T>(PostGate<T>(sum, a.gate_div, a.gate_mul));
-    }
-  }
-}
-
 template <typename T>
 struct UpGateArgs {
   const float* partial;  // [slices][rows][C*H]
@@ -433,7 +449,8 @@ __global__ void __launch_bounds__(kEpilogueThreads) HcNBitsUpGateKernel(UpGateAr
 // ---- launch
 
 struct ScratchLayout {
-  size_t hn = 0, hidden = 0, partial = 0, total = 0;
+  size_t hn = 0, hidden = 0, partial = 0, counters = 0, total = 0;
+  int64_t counter_count = 0;
 };
 
 // Whether HcNBitsUpMixKernel runs the up product and its epilogue (a block holds every branch of a feature),
@@ -450,7 +467,10 @@ ScratchLayout MakeLayout(const HcNBitsParams& p) {
   ScratchLayout l;
   l.hidden = AlignUp(rows * width * sizeof(T));
   l.partial = l.hidden + AlignUp(rows * static_cast<size_t>(m.R) * sizeof(T));
-  l.total = l.partial + AlignUp(rows * std::max(di_floats, up_floats) * sizeof(float));
+  l.counters = l.partial + AlignUp(rows * std::max(di_floats, up_floats) * sizeof(float));
+  // one a (column group, row tile) of the down_inject product, tiles of 1 row at most
+  l.counter_count = CeilDiv(m.R + m.C, kProductThreads) * static_cast<int64_t>(rows);
+  l.total = l.counters + AlignUp(static_cast<size_t>(l.counter_count) * sizeof(unsigned));
   return l;
 }
 
@@ -527,11 +547,13 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
   T* hn = reinterpret_cast<T*>(base + layout.hn);
   T* hidden = reinterpret_cast<T*>(base + layout.hidden);
   float* partial = reinterpret_cast<float*>(base + layout.partial);
+  auto* counters = reinterpret_cast<unsigned*>(base + layout.counters);
   for (int64_t row0 = 0; row0 < m.rows; row0 += kHcNBitsChunkRows) {
     const int64_t rows = std::min(kHcNBitsChunkRows, m.rows - row0);
 
     NormArgs<T> norm{t.streams + row0 * W, t.norm_scale, nullptr, nullptr,
-                     t.streams_out != nullptr ? t.streams_out + row0 * W : nullptr, hn, rows, C, H, m.epsilon};
+                     t.streams_out != nullptr ? t.streams_out + row0 * W : nullptr, hn, rows, C, H, m.epsilon,
+                     counters, layout.counter_count};
     if (m.has_prologue) {
       norm.prev_block_output = t.prev_block_output + row0 * H;
       norm.prev_post_gate = t.prev_post_gate + row0 * C;
@@ -540,15 +562,11 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
                                                                      : LaunchNorm<T, false>(norm, pdl, stream));
     if (!s.ok()) return s;
 
+    const DownInjectEpilogue<T> epilogue{counters, R, C, hidden, t.post_gate + row0 * C, m.silu_alpha, m.gate_div,
+                                         m.gate_mul};
     const ProductArgs<T> down{hn, t.down_inject, rows, W, R + C, p.block_size, partial,
-                              pdl && options.down_inject_constant};
+                              pdl && options.down_inject_constant, epilogue};
     s = Failure("HcNBitsProductKernel (down_inject)", LaunchProduct(down, p.bits, pdl, stream));
-    if (!s.ok()) return s;
-    const DownInjectArgs<T> di{partial, CeilDiv(W, kHcNBitsSliceK), rows, R, C, hidden, t.post_gate + row0 * C,
-                               m.silu_alpha, m.gate_div, m.gate_mul};
-    const int di_grid = GridFor(CeilDiv(rows * (R + C), kEpilogueThreads));
-    s = Failure("HcNBitsDownInjectKernel",
-                Launch(HcNBitsDownInjectKernel<T>, di_grid, kEpilogueThreads, 0, 1, pdl, stream, di));
     if (!s.ok()) return s;
 
     const bool up_early = pdl && options.up_constant;
@@ -559,7 +577,7 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
       if (!s.ok()) return s;
       continue;
     }
-    const ProductArgs<T> up{hidden, t.up, rows, R, W, p.block_size, partial, up_early};
+    const ProductArgs<T> up{hidden, t.up, rows, R, W, p.block_size, partial, up_early, {}};
     s = Failure("HcNBitsProductKernel (up)", LaunchProduct(up, p.bits, pdl, stream));
     if (!s.ok()) return s;
     const UpGateArgs<T> ug{partial, hn, CeilDiv(R, kHcNBitsSliceK), rows, C, H, t.pre_output + row0 * H,

@@ -1,12 +1,12 @@
 // CUDA kernels of ai.hcfuse::HyperConnectionLowRankMixNBits (hc_nbits.cu): launcher declarations, no device
 // code and no ORT type (the glue, hc_lowrank_mix_nbits_op_cuda.cc, is plain C++).
 //
-// Per chunk of at most kHcNBitsChunkRows rows, four kernels on one stream (docs/QUANTIZED.md, "CUDA kernel"):
-//   HcNBitsNormKernel        S (prologue), streams_out, per-branch rms, hn (scratch, T)
-//   HcNBitsProductKernel     down_inject's fp32 partial sums over fixed K slices of kHcNBitsSliceK
-//   HcNBitsDownInjectKernel  the slices added in order -> down -> Z, SG, hidden (scratch, T);
-//                            inject -> post_gate
-//   HcNBitsUpMixKernel       up over all of K = R -> g -> pre_output (branches in order)
+// Per chunk of at most kHcNBitsChunkRows rows, three kernels on one stream (docs/QUANTIZED.md, "CUDA kernel"):
+//   HcNBitsNormKernel     S (prologue), streams_out, per-branch rms, hn (scratch, T)
+//   HcNBitsProductKernel  down_inject's fp32 partial sums over fixed K slices of kHcNBitsSliceK; the block that
+//                         stores a column group's last slice adds the slices in order -> down -> Z, SG, hidden
+//                         (scratch, T), or inject -> post_gate
+//   HcNBitsUpMixKernel    up over all of K = R -> g -> pre_output (branches in order)
 // (C > 128: HcNBitsProductKernel's partials of up over slices of K = R, then HcNBitsUpGateKernel.)
 // The slices depend on K only, the chunk on nothing a row computes, so a row's bits are the same at every
 // row count. No host synchronization and no allocation: CUDA-graph capturable. On sm_90 the kernels launch with
