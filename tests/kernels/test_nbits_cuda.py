@@ -31,7 +31,7 @@ from hcfuse.models.hc_block import random_activations
 from hcfuse.models.nbits import make_nbits_node_model, random_nbits_weights
 from hcfuse.reference_nbits import hc_lowrank_mix_nbits_steps, projection_f32
 from tests._compare import BFLOAT16, assert_bitwise_equal, run_bound, to_ort_value
-from tests._cuda import device_to_host
+from tests._cuda import compute_capability, device_to_host
 from tests.kernels.test_kernels_cuda import _require_dtype
 from tests.kernels.test_nbits_cpu import (
     ACTIVATIONS,
@@ -326,6 +326,26 @@ def test_the_node_runs_on_cuda(hcfuse_lib, rng):
     model = helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
     with pytest.raises(Exception, match=r"(?i)fallback"):
         cuda_nbits_session(model, hcfuse_lib)
+
+
+def test_debug_line_says_where_the_weights_are_read(hcfuse_lib, monkeypatch, capfd, rng):
+    """HCFUSE_DEBUG=1 prints the call and, on sm_90 (programmatic dependent launch), that constant quantized
+    weights are read before the wait on the kernel before and graph-input ones after it; a dense projection is
+    named dense."""
+    feeds = random_nbits_inputs(2, 64, 8, np.float16, rng, quantized=("down_inject",), lead=(3,))
+    weights = [n for n in feeds if n not in ACTIVATIONS]
+    monkeypatch.setenv("HCFUSE_DEBUG", "1")
+    sm90 = compute_capability()[0] == 9
+    for initializers, expected in ((weights, "constant (read before the wait)"),
+                                   ((), "produced upstream (read after the wait)")):
+        model = nbits_model(feeds, C=2, dtype=np.float16, initializers=initializers)
+        run_cuda(hcfuse_lib, model, {k: v for k, v in feeds.items() if k not in initializers})
+        err = capfd.readouterr().err
+        assert "HyperConnectionLowRankMixNBits float16 rows=3 C=2 H=64 R=8 bits=4 block_size=32" in err, err
+        if sm90:
+            assert f"PDL on; down_inject quantized, {expected}; up dense" in err, err
+        else:
+            assert "PDL off; down_inject quantized; up dense" in err, err
 
 
 @pytest.mark.parametrize("change, message", [

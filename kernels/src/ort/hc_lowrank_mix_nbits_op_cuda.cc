@@ -9,12 +9,13 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <string>
 #include <type_traits>
 
 #include "cuda/common/hc_device_caps.h"
 #include "cuda/nbits/hc_nbits_cuda.h"
-#include "ort/cuda_scratch.h"
+#include "ort/cuda_glue.h"
 #include "ort/hc_lowrank_mix_nbits_op.h"
 
 namespace hcfuse {
@@ -24,12 +25,17 @@ namespace {
 template <typename T>
 using CudaType = std::conditional_t<std::is_same_v<T, Ort::Float16_t>, __half,
                                     std::conditional_t<std::is_same_v<T, Ort::BFloat16_t>, __nv_bfloat16, float>>;
+template <typename T>
+constexpr const char* kTypeName = std::is_same_v<T, Ort::Float16_t>    ? "float16"
+                                  : std::is_same_v<T, Ort::BFloat16_t> ? "bfloat16"
+                                                                       : "float";
 
 template <typename T>
 struct NBitsCudaKernel {
   using S = CudaType<T>;
 
-  NBitsCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const HcNBitsAttrs& attrs) : attrs_(attrs) {
+  NBitsCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const HcNBitsAttrs& attrs)
+      : attrs_(attrs), debug_(ReadDebugFlag()) {
     ThrowIfFailed(cudaGetDevice(&device_), "cudaGetDevice");
     ThrowIfFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)");
     options_.pdl = HcRunsSm90Code(caps_.sm_major);
@@ -57,6 +63,7 @@ struct NBitsCudaKernel {
     tensors.post_gate = reinterpret_cast<S*>(call.out.post_gate);
     tensors.streams_out = params.mix.has_streams_out ? reinterpret_cast<S*>(call.out.streams_out) : nullptr;
 
+    if (debug_) PrintCall(call);
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(context).GetGPUComputeStream());
     const CudaScratch scratch =
         AllocateCudaScratch(context, device_, cuda::HcNBitsScratchBytes<S>(params), kNBitsOpName);
@@ -67,6 +74,24 @@ struct NBitsCudaKernel {
   }
 
  private:
+  // HCFUSE_DEBUG's line: the call and where each projection's weights are read.
+  void PrintCall(const HcNBitsCall<T>& call) const {
+    const HcLowRankMixParams& m = call.form.params.mix;
+    auto where = [&](const HcNBitsProjectionForm& f, bool constant) {
+      return !f.quantized      ? "dense"
+             : !options_.pdl   ? "quantized"
+             : constant        ? "quantized, constant (read before the wait)"
+                               : "quantized, produced upstream (read after the wait)";
+    };
+    const auto ll = [](int64_t v) { return static_cast<long long>(v); };
+    std::fprintf(stderr,
+                 "hcfuse: %s %s rows=%lld C=%lld H=%lld R=%lld bits=%lld block_size=%lld sm_%d%d: CUDA kernel, "
+                 "PDL %s; down_inject %s; up %s\n",
+                 kNBitsOpName, kTypeName<T>, ll(m.rows), ll(m.C), ll(m.H), ll(m.R), ll(call.form.params.bits),
+                 ll(call.form.params.block_size), caps_.sm_major, caps_.sm_minor, options_.pdl ? "on" : "off",
+                 where(call.form.down_inject, options_.down_inject_constant), where(call.form.up, options_.up_constant));
+  }
+
   // Whether the projection's tensors the node has (weight, scales, zero points) are all constant initializers.
   static bool ProjectionIsConstant(const OrtApi& api, const OrtKernelInfo* info, size_t weight) {
     auto ok = [&](OrtStatus* st) {
@@ -96,6 +121,7 @@ struct NBitsCudaKernel {
   }
 
   HcNBitsAttrs attrs_;
+  const bool debug_;
   int device_ = 0;
   HcDeviceCaps caps_;  // read once: whether the kernels run their sm_90 code (PDL)
   cuda::HcNBitsLaunchOptions options_;

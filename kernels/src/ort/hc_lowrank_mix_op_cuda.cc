@@ -20,7 +20,7 @@
 #include "cuda/fast/hc_fast_path.h"
 #include "cuda/fast/hc_fast_plan.h"
 #include "cuda/general/hc_gemm.h"
-#include "ort/cuda_scratch.h"
+#include "ort/cuda_glue.h"
 #include "ort/hc_lowrank_mix_op.h"
 
 namespace hcfuse {
@@ -115,11 +115,6 @@ cuda::HcGeneralOptions ReadGeneralOptions() {
 HcFastTuning ReadFastTuning() { return {}; }
 cuda::HcGeneralOptions ReadGeneralOptions() { return {}; }
 #endif
-
-bool ReadDebugFlag() {
-  const char* value = std::getenv("HCFUSE_DEBUG");
-  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
-}
 
 // norm_scale and the three weight matrices are constant initializers: only then may the fast path
 // read them before waiting on the producer of the activations (programmatic dependent launch).

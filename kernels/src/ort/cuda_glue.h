@@ -1,15 +1,24 @@
-// Device scratch for the CUDAExecutionProvider kernels of the library, from ORT's CUDA allocator. Only the
-// glue includes this (plain C++ over the CUDA runtime's types; no device code).
+// What every CUDAExecutionProvider kernel of the library takes from its surroundings: device scratch from
+// ORT's CUDA allocator and the HCFUSE_DEBUG switch. Only the glue includes this (plain C++; no device code).
 #pragma once
 
 #include <onnxruntime_cxx_api.h>
 
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
 
 namespace hcfuse {
+
+// HCFUSE_DEBUG set to anything but empty or "0": the kernels print what they run to stderr (read when a
+// kernel is created).
+inline bool ReadDebugFlag() {
+  const char* value = std::getenv("HCFUSE_DEBUG");
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}
 
 // Scratch returned to ORT's allocator when the call ends. Reuse by later kernels is ordered behind ours on
 // the same compute stream, as for ORT's own scratch buffers.
