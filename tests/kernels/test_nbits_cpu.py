@@ -297,19 +297,3 @@ def test_answers_in_ai_hcfuse_not_com_microsoft(make_session, rng):
     model.graph.node[0].domain = "com.microsoft"
     with pytest.raises(Exception, match=r"HyperConnectionLowRankMixNBits"):
         make_session(model)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
-def test_cuda_session_runs_it_on_the_cpu_kernel(make_session, rng, dtype):
-    """No CUDA kernel of the op is registered, so a CUDA session places the node on the CPU provider
-    (onnxruntime copies its inputs and outputs across and logs it) and gives the CPU kernel's bits."""
-    from hcfuse.checking._session import CUDA
-
-    C, H, R = 4, 64, 16
-    feeds = random_nbits_inputs(C, H, R, dtype, rng, zp="packed", lead=(3,), prologue=True)
-    weights = [n for n in feeds if n not in ACTIVATIONS]
-    sess = make_session(nbits_model(feeds, C=C, dtype=dtype, initializers=weights), CUDA)
-    got = run_bound(sess, {k: v for k, v in feeds.items() if k in ACTIVATIONS})
-    for name, value in reference(feeds, C=C).items():
-        assert_bitwise_equal(got[name], value, f"{name} from a CUDA session")
