@@ -59,7 +59,7 @@ stamp "decode: exit $?"
 grep -E "^\| (bf16|fp16)" "$out/decode.log" | sort -u -t'|' -k2,2 -k3,3n | tee -a "$out/summary.txt"
 
 # 3. every CUDA test (and the rest of tests/kernels, which takes seconds)
-timeout "$(cap 260)" python3 -m pytest -q -rs -p no:cacheprovider tests/kernels > "$out/tests.log" 2>&1
+timeout "$(cap 400)" python3 -m pytest -q -rs -p no:cacheprovider tests/kernels > "$out/tests.log" 2>&1
 stamp "tests: exit $? $(last "$out/tests.log")"
 grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
 
