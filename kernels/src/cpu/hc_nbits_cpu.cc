@@ -59,7 +59,7 @@ template <typename T>
 class Pass {
  public:
   // Rows [row0, row0 + rows) of the call, rows <= kHcCpuRowsPerPass.
-  Pass(const HcNBitsParams& p, const HcNBitsCpuArgs<T>& a, const NBitsOps<T>& ops, float* scratch, int64_t row0,
+  Pass(const HcNBitsParams& p, const HcNBitsTensors<T>& a, const NBitsOps<T>& ops, float* scratch, int64_t row0,
        int64_t rows)
       : p_(p), m_(p.mix), a_(a), ops_(ops), row0_(row0), rows_(rows) {
     hn_ = scratch;
@@ -118,7 +118,7 @@ class Pass {
 
   const HcNBitsParams& p_;
   const HcLowRankMixParams& m_;
-  const HcNBitsCpuArgs<T>& a_;
+  const HcNBitsTensors<T>& a_;
   const NBitsOps<T> ops_;
   const int64_t row0_, rows_;
   float* hn_;      // rows x W: S, then hn
@@ -130,16 +130,16 @@ class Pass {
 }  // namespace
 
 template <typename T>
-void HcNBitsCpu(const HcNBitsParams& p, const HcNBitsCpuArgs<T>& args, const HcTaskRunner& run, float* scratch) {
+void HcNBitsCpu(const HcNBitsParams& p, const HcNBitsTensors<T>& args, const HcTaskRunner& run, float* scratch) {
   const NBitsOps<T> ops = PickOps<NBitsOps<T>>();
   for (int64_t row0 = 0; row0 < p.mix.rows; row0 += kHcCpuRowsPerPass) {
     Pass<T>(p, args, ops, scratch, row0, std::min(kHcCpuRowsPerPass, p.mix.rows - row0)).Run(run);
   }
 }
 
-template void HcNBitsCpu<float>(const HcNBitsParams&, const HcNBitsCpuArgs<float>&, const HcTaskRunner&, float*);
-template void HcNBitsCpu<Half>(const HcNBitsParams&, const HcNBitsCpuArgs<Half>&, const HcTaskRunner&, float*);
-template void HcNBitsCpu<BFloat16>(const HcNBitsParams&, const HcNBitsCpuArgs<BFloat16>&, const HcTaskRunner&,
+template void HcNBitsCpu<float>(const HcNBitsParams&, const HcNBitsTensors<float>&, const HcTaskRunner&, float*);
+template void HcNBitsCpu<Half>(const HcNBitsParams&, const HcNBitsTensors<Half>&, const HcTaskRunner&, float*);
+template void HcNBitsCpu<BFloat16>(const HcNBitsParams&, const HcNBitsTensors<BFloat16>&, const HcTaskRunner&,
                                    float*);
 
 }  // namespace hcfuse

@@ -48,8 +48,9 @@ struct HcNBitsParams {
   int64_t ZeroPointBytes(int64_t K) const { return (KBlocks(K) * bits + 7) / 8; }
 };
 
+// The pointers of one call, host (CPU kernel) or device (CUDA kernel) alike.
 template <typename T>
-struct HcNBitsCpuArgs {
+struct HcNBitsTensors {
   const T* streams = nullptr;     // (rows, C*H)
   const T* norm_scale = nullptr;  // (C*H)
   HcNBitsProjection<T> down_inject;  // K = C*H, N = R + C: down's R columns, then inject's C
@@ -72,12 +73,12 @@ inline int64_t HcNBitsCpuScratchFloats(const HcNBitsParams& p) {
 // checked (B's and the scales' against K, N, bits and block_size); scratch holds
 // HcNBitsCpuScratchFloats(p) floats. Nothing is read or written when rows == 0.
 template <typename T>
-void HcNBitsCpu(const HcNBitsParams& p, const HcNBitsCpuArgs<T>& args, const HcTaskRunner& run, float* scratch);
+void HcNBitsCpu(const HcNBitsParams& p, const HcNBitsTensors<T>& args, const HcTaskRunner& run, float* scratch);
 
-extern template void HcNBitsCpu<float>(const HcNBitsParams&, const HcNBitsCpuArgs<float>&, const HcTaskRunner&,
+extern template void HcNBitsCpu<float>(const HcNBitsParams&, const HcNBitsTensors<float>&, const HcTaskRunner&,
                                        float*);
-extern template void HcNBitsCpu<Half>(const HcNBitsParams&, const HcNBitsCpuArgs<Half>&, const HcTaskRunner&, float*);
-extern template void HcNBitsCpu<BFloat16>(const HcNBitsParams&, const HcNBitsCpuArgs<BFloat16>&, const HcTaskRunner&,
+extern template void HcNBitsCpu<Half>(const HcNBitsParams&, const HcNBitsTensors<Half>&, const HcTaskRunner&, float*);
+extern template void HcNBitsCpu<BFloat16>(const HcNBitsParams&, const HcNBitsTensors<BFloat16>&, const HcTaskRunner&,
                                           float*);
 
 }  // namespace hcfuse

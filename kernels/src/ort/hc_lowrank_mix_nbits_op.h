@@ -263,6 +263,26 @@ struct HcNBitsCall {
     if (f.zero_points == HcNBitsTensorInfo::kT) p.zero_points_t = static_cast<const S*>(data[weight + 2]);
     return p;
   }
+
+  // Every input and output as the math's pointers of S.
+  template <typename S>
+  HcNBitsTensors<S> Tensors() const {
+    auto t = [&](size_t i) { return static_cast<const S*>(data[i]); };
+    const HcLowRankMixParams& mix = form.params.mix;
+    HcNBitsTensors<S> a;
+    a.streams = t(kStreams);
+    a.norm_scale = t(kNormScale);
+    a.down_inject = Projection<S>(kDownInjectWeight);
+    a.up = Projection<S>(kUpWeight);
+    if (mix.has_prologue) {
+      a.prev_block_output = t(kPrevBlockOutput);
+      a.prev_post_gate = t(kPrevPostGate);
+    }
+    a.pre_output = reinterpret_cast<S*>(out.pre_output);
+    a.post_gate = reinterpret_cast<S*>(out.post_gate);
+    a.streams_out = mix.has_streams_out ? reinterpret_cast<S*>(out.streams_out) : nullptr;
+    return a;
+  }
 };
 
 // Reads the call's inputs from the kernel context (each typed per call: T, uint8 or another), checks them

@@ -23,20 +23,7 @@ struct NBitsCpuKernel {
     const HcNBitsParams& params = call.form.params;
     if (!st.IsOK() || params.mix.rows == 0) return st;
 
-    auto t = [&](size_t i) { return static_cast<const S*>(call.data[i]); };
-    HcNBitsCpuArgs<S> args;
-    args.streams = t(kStreams);
-    args.norm_scale = t(kNormScale);
-    args.down_inject = call.template Projection<S>(kDownInjectWeight);
-    args.up = call.template Projection<S>(kUpWeight);
-    if (params.mix.has_prologue) {
-      args.prev_block_output = t(kPrevBlockOutput);
-      args.prev_post_gate = t(kPrevPostGate);
-    }
-    args.pre_output = reinterpret_cast<S*>(call.out.pre_output);
-    args.post_gate = reinterpret_cast<S*>(call.out.post_gate);
-    args.streams_out = params.mix.has_streams_out ? reinterpret_cast<S*>(call.out.streams_out) : nullptr;
-
+    const HcNBitsTensors<S> args = call.template Tensors<S>();
     const CpuScratch scratch = AllocateCpuScratch(context, HcNBitsCpuScratchFloats(params), kNBitsOpName);
     HcNBitsCpu(params, args, OrtTaskRunner(context), scratch.get());
     return Ort::Status{nullptr};

@@ -49,19 +49,7 @@ struct NBitsCudaKernel {
     const HcNBitsParams& params = call.form.params;
     if (!st.IsOK() || params.mix.rows == 0) return st;
 
-    auto t = [&](size_t i) { return static_cast<const S*>(call.data[i]); };
-    cuda::HcNBitsDeviceTensors<S> tensors;
-    tensors.streams = t(kStreams);
-    tensors.norm_scale = t(kNormScale);
-    tensors.down_inject = call.template Projection<S>(kDownInjectWeight);
-    tensors.up = call.template Projection<S>(kUpWeight);
-    if (params.mix.has_prologue) {
-      tensors.prev_block_output = t(kPrevBlockOutput);
-      tensors.prev_post_gate = t(kPrevPostGate);
-    }
-    tensors.pre_output = reinterpret_cast<S*>(call.out.pre_output);
-    tensors.post_gate = reinterpret_cast<S*>(call.out.post_gate);
-    tensors.streams_out = params.mix.has_streams_out ? reinterpret_cast<S*>(call.out.streams_out) : nullptr;
+    const HcNBitsTensors<S> tensors = call.template Tensors<S>();
 
     if (debug_) PrintCall(call);
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(context).GetGPUComputeStream());

@@ -534,7 +534,7 @@ size_t HcNBitsScratchBytes(const HcNBitsParams& params) {
 }
 
 template <typename T>
-HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<T>& t, void* scratch,
+HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsTensors<T>& t, void* scratch,
                              const HcNBitsLaunchOptions& options, cudaStream_t stream) {
   const HcLowRankMixParams& m = p.mix;
   const bool pdl = options.pdl;
@@ -592,7 +592,7 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsDeviceTensors<
 
 #define HC_INSTANTIATE_NBITS(T)                                                                           \
   template size_t HcNBitsScratchBytes<T>(const HcNBitsParams&);                                          \
-  template HcLaunchStatus LaunchHcNBits<T>(const HcNBitsParams&, const HcNBitsDeviceTensors<T>&, void*, \
+  template HcLaunchStatus LaunchHcNBits<T>(const HcNBitsParams&, const HcNBitsTensors<T>&, void*, \
                                            const HcNBitsLaunchOptions&, cudaStream_t);
 HC_INSTANTIATE_NBITS(float)
 HC_INSTANTIATE_NBITS(__half)

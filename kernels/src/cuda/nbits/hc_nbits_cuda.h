@@ -31,21 +31,6 @@ constexpr int64_t kHcNBitsSliceK = 128;
 // Rows per chunk: bounds the fp32 partials (slices x rows x N floats) whatever the row count.
 constexpr int64_t kHcNBitsChunkRows = 256;
 
-// Device pointers of one call (T: float, __half, __nv_bfloat16). Each projection dense or quantized, as the
-// CPU kernel takes them; prev_* null without the prologue, streams_out null when not requested.
-template <typename T>
-struct HcNBitsDeviceTensors {
-  const T* streams = nullptr;
-  const T* norm_scale = nullptr;
-  HcNBitsProjection<T> down_inject;  // K = C*H, N = R + C
-  HcNBitsProjection<T> up;           // K = R, N = C*H
-  const T* prev_block_output = nullptr;
-  const T* prev_post_gate = nullptr;
-  T* pre_output = nullptr;
-  T* post_gate = nullptr;
-  T* streams_out = nullptr;
-};
-
 // pdl: every kernel launches with programmatic dependent launch (sm_90 code only, HcRunsSm90Code) and waits
 // for the kernel before it before reading what it may write; a product reads its quantized weight (B, scales,
 // zero points) before that wait only where the projection's flag says they are constant initializers.
@@ -64,7 +49,7 @@ size_t HcNBitsScratchBytes(const HcNBitsParams& params);
 // the caller's to have checked (ResolveHcNBitsForm). B must be 8-byte aligned (ORT's allocations are).
 // Never throws and never synchronizes.
 template <typename T>
-HcLaunchStatus LaunchHcNBits(const HcNBitsParams& params, const HcNBitsDeviceTensors<T>& tensors, void* scratch,
+HcLaunchStatus LaunchHcNBits(const HcNBitsParams& params, const HcNBitsTensors<T>& tensors, void* scratch,
                              const HcNBitsLaunchOptions& options, cudaStream_t stream);
 
 }  // namespace cuda
