@@ -96,3 +96,21 @@ def run_stock(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every output of model, run by a plain onnxruntime (CPU, no hcfuse library, optimizations off)."""
     session = cpu_session(model)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def assert_within_bounds(steps: dict, got: dict, limit: dict, what: str) -> None:
+    """pre_output and post_gate of got within limit (hcfuse.checking.bounds.output_bounds: scaled ulps per
+    element) of the reference's steps; names the worst element."""
+    from hcfuse.checking.verification import scaled_ulp
+
+    for name in ("pre_output", "post_gate"):
+        gap = scaled_ulp(steps[name], got[name])
+        assert gap.shape == limit[name].shape, f"{what}: {name} shape {gap.shape}"
+        if gap.size == 0:
+            continue
+        ratio = gap / limit[name]
+        worst = np.unravel_index(np.argmax(ratio), ratio.shape)
+        assert ratio[worst] <= 1.0, (
+            f"{what}: {name} at {tuple(int(i) for i in worst)} is {gap[worst]:.3g} scaled ulps from the reference, "
+            f"over its bound {limit[name][worst]:.3g} (expected {steps[name][worst]!r}, got {got[name][worst]!r}; "
+            f"largest gap {gap.max():.3g})")
