@@ -1,7 +1,7 @@
 // The library's one exported entry point: ONNX Runtime calls RegisterCustomOps when a session's
 // options register this library. It adds com.microsoft::HyperConnectionLowRankMix for every
 // provider built in, and ai.hcfuse::HyperConnectionLowRankMixNBits for the CPU provider and, in a
-// CUDA build, the CUDA provider. The ORT API comes from the pointer ORT passes (ORT_API_MANUAL_INIT:
+// CUDA build with HCFUSE_NBITS_CUDA, the CUDA provider. The ORT API comes from the pointer ORT passes (ORT_API_MANUAL_INIT:
 // no link against libonnxruntime), and no exception crosses this C boundary.
 #include <cstdio>
 #include <memory>
@@ -55,7 +55,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
 #endif
     Ort::CustomOpDomain nbits_domain{hcfuse::kNBitsDomain};
     hcfuse::RegisterNBitsCpuOps(nbits_domain);
-#ifdef HCFUSE_WITH_CUDA
+#if defined(HCFUSE_WITH_CUDA) && defined(HCFUSE_NBITS_CUDA)  // CMake option HCFUSE_NBITS_CUDA (CMakeLists.txt)
     hcfuse::RegisterNBitsCudaOps(nbits_domain);
 #endif
     Ort::UnownedSessionOptions session_options(options);
