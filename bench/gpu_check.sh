@@ -68,32 +68,24 @@ grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
 # and 96; HcNormInjectResidentKernel: H = 768 and the four variants of H = 512), both up/gate routes.
 fast_tests=${SANITIZE_FAST:-(small_shapes and 7-4 and bf16) or (real_shape_matches_reference and prologue-3-bf16)}
 general_tests=${SANITIZE_GENERAL:-awkward and bf16 and (4-129-512 or 4-96-16 or 4-768-40) or variants and bf16}
-for tool in memcheck racecheck synccheck; do
-  timeout "$(cap 40)" compute-sanitizer --tool "$tool" --kernel-name kns=HcFast --error-exitcode 9 \
-    python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fast_path_cuda.py -k "$fast_tests" \
-    > "$out/sanitize_fast_$tool.log" 2>&1
-  stamp "$tool fast path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_fast_$tool.log" | tail -1) $(last "$out/sanitize_fast_$tool.log")"
-done
-# racecheck runs without a kernel filter here: with one (even one no kernel matches) it fails on these tests
-# with "Internal Sanitizer Error: failed to handle a hardware exception" (H200, compute-sanitizer of CUDA 13);
-# unfiltered it runs and reports, cuBLASLt's kernels included
-for tool in memcheck racecheck synccheck; do
-  filter=(--kernel-name kns=Hc)
-  [ "$tool" = racecheck ] && filter=()
-  timeout "$(cap 60)" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
-    python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_prefill_cuda.py -k "$general_tests" \
-    > "$out/sanitize_general_$tool.log" 2>&1
-  stamp "$tool general path: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_general_$tool.log" | tail -1) $(last "$out/sanitize_general_$tool.log")"
-done
 # the quantized op's kernels (HcNBits*): every zero-point form and bits, a block past the slice, C = 9, two
-# chunks of rows (300) with the prologue and streams_out, the real shape; racecheck unfiltered as above
+# chunks of rows (300) with the prologue and streams_out, the real shape
 nbits_tests=${SANITIZE_NBITS:-(test_forms and both and bfloat16) or (test_forms and both-T-4-float32) or (block_sizes and packed-8-256-bfloat16) or (odd_shapes and 9-16-8-bfloat16) or (prologue_outputs and (17-3-out-prologue-bfloat16 or 3x100-3-out-prologue-float16)) or (test_real_shape and bfloat16-3)}
-for tool in memcheck racecheck synccheck; do
-  filter=(--kernel-name kns=HcNBits)
-  [ "$tool" = racecheck ] && filter=()
-  timeout "$(cap 60)" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
-    python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_nbits_cuda.py -k "$nbits_tests" \
-    > "$out/sanitize_nbits_$tool.log" 2>&1
-  stamp "$tool quantized op: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_nbits_$tool.log" | tail -1) $(last "$out/sanitize_nbits_$tool.log")"
-done
+# sanitize NAME CAP KERNELS TEST_FILE TESTS: the three tools over the tests' kernels whose names start with KERNELS.
+# racecheck runs without a kernel filter where RACE_UNFILTERED is set: with one (even one no kernel matches) it
+# fails on the general path's tests with "Internal Sanitizer Error: failed to handle a hardware exception" (H200,
+# compute-sanitizer of CUDA 13); unfiltered it runs and reports, cuBLASLt's kernels included
+sanitize() {
+  local name=$1 limit=$2 kernels=$3 file=$4 tests=$5 tool filter
+  for tool in memcheck racecheck synccheck; do
+    filter=(--kernel-name "kns=$kernels")
+    [ "$tool" = racecheck ] && [ -n "${RACE_UNFILTERED:-}" ] && filter=()
+    timeout "$(cap "$limit")" compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 9 \
+      python3 -m pytest -q -x -p no:cacheprovider "$file" -k "$tests" > "$out/sanitize_${name}_$tool.log" 2>&1
+    stamp "$tool $name: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_${name}_$tool.log" | tail -1) $(last "$out/sanitize_${name}_$tool.log")"
+  done
+}
+sanitize fast 40 HcFast tests/kernels/test_fast_path_cuda.py "$fast_tests"
+RACE_UNFILTERED=1 sanitize general 60 Hc tests/kernels/test_prefill_cuda.py "$general_tests"
+RACE_UNFILTERED=1 sanitize nbits 60 HcNBits tests/kernels/test_nbits_cuda.py "$nbits_tests"
 stamp done
