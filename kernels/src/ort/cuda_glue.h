@@ -1,7 +1,11 @@
-// What every CUDAExecutionProvider kernel of the library takes from its surroundings: device scratch from
-// ORT's CUDA allocator and the HCFUSE_DEBUG switch. Only the glue includes this (plain C++; no device code).
+// What every CUDAExecutionProvider kernel of the library takes from its surroundings: the kernels' element
+// types, device scratch from ORT's CUDA allocator, CUDA errors as exceptions, which inputs are constant, and the
+// HCFUSE_DEBUG switch. Only the glue includes this (plain C++; no device code).
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <onnxruntime_cxx_api.h>
 
 #include <cstddef>
@@ -12,6 +16,56 @@
 #include <string>
 
 namespace hcfuse {
+
+// The kernels' element type of an ORT element type (same bits), and its ONNX name for messages.
+template <typename T>
+struct CudaTypeOf;
+template <>
+struct CudaTypeOf<float> {
+  using type = float;
+  static constexpr const char* name = "float";
+};
+template <>
+struct CudaTypeOf<Ort::Float16_t> {
+  using type = __half;
+  static constexpr const char* name = "float16";
+};
+template <>
+struct CudaTypeOf<Ort::BFloat16_t> {
+  using type = __nv_bfloat16;
+  static constexpr const char* name = "bfloat16";
+};
+
+// Throws an Ort::Exception "<op_name> (CUDA): <what>: <error name>: <description>" unless e is cudaSuccess.
+inline void ThrowIfCudaFailed(cudaError_t e, const char* what, const char* op_name) {
+  if (e != cudaSuccess) {
+    throw Ort::Exception(std::string(op_name) + " (CUDA): " + what + ": " + cudaGetErrorName(e) + ": " +
+                             cudaGetErrorString(e),
+                         ORT_RUNTIME_EXCEPTION);
+  }
+}
+
+// Whether every input of the node in [first, end) that is given is a constant initializer (absent optional
+// inputs, whose names are empty, are skipped): only then may a kernel read it before waiting on the kernel
+// before it (programmatic dependent launch).
+inline bool InputsAreConstant(const OrtApi& api, const OrtKernelInfo* info, size_t first, size_t end) {
+  auto ok = [&](OrtStatus* st) {
+    if (st == nullptr) return true;
+    api.ReleaseStatus(st);
+    return false;
+  };
+  size_t count = 0;
+  if (!ok(api.KernelInfo_GetInputCount(info, &count))) return false;
+  for (size_t i = first; i < end && i < count; ++i) {
+    size_t name_size = 0;  // counts the terminating NUL: 1 for an absent optional input (an empty name)
+    if (!ok(api.KernelInfo_GetInputName(info, i, nullptr, &name_size))) return false;
+    if (name_size <= 1) continue;
+    int is_constant = 0;
+    const OrtValue* value = nullptr;
+    if (!ok(api.KernelInfoGetConstantInput_tensor(info, i, &is_constant, &value)) || !is_constant) return false;
+  }
+  return true;
+}
 
 // HCFUSE_DEBUG set to anything but empty or "0": the kernels print what they run to stderr (read when a
 // kernel is created).

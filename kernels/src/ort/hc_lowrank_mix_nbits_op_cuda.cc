@@ -11,7 +11,6 @@
 
 #include <cstdio>
 #include <string>
-#include <type_traits>
 
 #include "cuda/common/hc_device_caps.h"
 #include "cuda/nbits/hc_nbits_cuda.h"
@@ -21,26 +20,20 @@
 namespace hcfuse {
 namespace {
 
-// The kernels' T of an ORT element type (same bits).
-template <typename T>
-using CudaType = std::conditional_t<std::is_same_v<T, Ort::Float16_t>, __half,
-                                    std::conditional_t<std::is_same_v<T, Ort::BFloat16_t>, __nv_bfloat16, float>>;
-template <typename T>
-constexpr const char* kTypeName = std::is_same_v<T, Ort::Float16_t>    ? "float16"
-                                  : std::is_same_v<T, Ort::BFloat16_t> ? "bfloat16"
-                                                                       : "float";
-
 template <typename T>
 struct NBitsCudaKernel {
-  using S = CudaType<T>;
+  using S = typename CudaTypeOf<T>::type;
 
   NBitsCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const HcNBitsAttrs& attrs)
       : attrs_(attrs), debug_(ReadDebugFlag()) {
-    ThrowIfFailed(cudaGetDevice(&device_), "cudaGetDevice");
-    ThrowIfFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)");
+    ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice", kNBitsOpName);
+    ThrowIfCudaFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)",
+                      kNBitsOpName);
     options_.pdl = HcRunsSm90Code(caps_.sm_major);
-    options_.down_inject_constant = options_.pdl && ProjectionIsConstant(api, info, kDownInjectWeight);
-    options_.up_constant = options_.pdl && ProjectionIsConstant(api, info, kUpWeight);
+    // each projection's weight, scales and zero points (three inputs from its weight)
+    options_.down_inject_constant =
+        options_.pdl && InputsAreConstant(api, info, kDownInjectWeight, kDownInjectWeight + 3);
+    options_.up_constant = options_.pdl && InputsAreConstant(api, info, kUpWeight, kUpWeight + 3);
   }
 
   Ort::Status Compute(OrtKernelContext* context) {
@@ -75,37 +68,9 @@ struct NBitsCudaKernel {
     std::fprintf(stderr,
                  "hcfuse: %s %s rows=%lld C=%lld H=%lld R=%lld bits=%lld block_size=%lld sm_%d%d: CUDA kernel, "
                  "PDL %s; down_inject %s; up %s\n",
-                 kNBitsOpName, kTypeName<T>, ll(m.rows), ll(m.C), ll(m.H), ll(m.R), ll(call.form.params.bits),
+                 kNBitsOpName, CudaTypeOf<T>::name, ll(m.rows), ll(m.C), ll(m.H), ll(m.R), ll(call.form.params.bits),
                  ll(call.form.params.block_size), caps_.sm_major, caps_.sm_minor, options_.pdl ? "on" : "off",
                  where(call.form.down_inject, options_.down_inject_constant), where(call.form.up, options_.up_constant));
-  }
-
-  // Whether the projection's tensors the node has (weight, scales, zero points) are all constant initializers.
-  static bool ProjectionIsConstant(const OrtApi& api, const OrtKernelInfo* info, size_t weight) {
-    auto ok = [&](OrtStatus* st) {
-      if (st == nullptr) return true;
-      api.ReleaseStatus(st);
-      return false;
-    };
-    size_t count = 0;
-    if (!ok(api.KernelInfo_GetInputCount(info, &count))) return false;
-    for (size_t i = weight; i < weight + 3 && i < count; ++i) {
-      size_t name_size = 0;  // counts the terminating NUL: 1 for an absent optional input (an empty name)
-      if (!ok(api.KernelInfo_GetInputName(info, i, nullptr, &name_size))) return false;
-      if (name_size <= 1) continue;
-      int is_constant = 0;
-      const OrtValue* value = nullptr;
-      if (!ok(api.KernelInfoGetConstantInput_tensor(info, i, &is_constant, &value)) || !is_constant) return false;
-    }
-    return true;
-  }
-
-  static void ThrowIfFailed(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) {
-      throw Ort::Exception(std::string(kNBitsOpName) + " (CUDA): " + what + ": " + cudaGetErrorName(e) + ": " +
-                               cudaGetErrorString(e),
-                           ORT_RUNTIME_EXCEPTION);
-    }
   }
 
   HcNBitsAttrs attrs_;

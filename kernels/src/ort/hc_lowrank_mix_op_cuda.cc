@@ -28,24 +28,6 @@ namespace {
 
 constexpr const char* kCudaProvider = "CUDAExecutionProvider";
 
-template <typename T>
-struct CudaTypeOf;
-template <>
-struct CudaTypeOf<float> {
-  using type = float;
-  static constexpr const char* name = "float";
-};
-template <>
-struct CudaTypeOf<Ort::Float16_t> {
-  using type = __half;
-  static constexpr const char* name = "float16";
-};
-template <>
-struct CudaTypeOf<Ort::BFloat16_t> {
-  using type = __nv_bfloat16;
-  static constexpr const char* name = "bfloat16";
-};
-
 enum class PathChoice { kAuto, kGeneral, kFast };
 
 // HCFUSE_FORCE_PATH=general|fast pins the path (both meet the numerics contract); unset or empty lets
@@ -116,29 +98,6 @@ HcFastTuning ReadFastTuning() { return {}; }
 cuda::HcGeneralOptions ReadGeneralOptions() { return {}; }
 #endif
 
-// norm_scale and the three weight matrices are constant initializers: only then may the fast path
-// read them before waiting on the producer of the activations (programmatic dependent launch).
-bool WeightsAreConstant(const OrtApi& api, const OrtKernelInfo* info) {
-  for (size_t index = 1; index <= 4; ++index) {  // norm_scale, down_weight, up_weight, inject_weight
-    int is_constant = 0;
-    const OrtValue* value = nullptr;
-    if (OrtStatus* st = api.KernelInfoGetConstantInput_tensor(info, index, &is_constant, &value)) {
-      api.ReleaseStatus(st);
-      return false;
-    }
-    if (!is_constant) return false;
-  }
-  return true;
-}
-
-void ThrowIfCudaFailed(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw Ort::Exception(std::string(kOpName) + " (CUDA): " + what + ": " + cudaGetErrorName(e) + ": " +
-                             cudaGetErrorString(e),
-                         ORT_RUNTIME_EXCEPTION);
-  }
-}
-
 Ort::Status LaunchFailure(const char* launcher, const std::string& error) {
   return Ort::Status((std::string(kOpName) + " (CUDA): " + launcher + " failed: " + error).c_str(),
                      ORT_RUNTIME_EXCEPTION);
@@ -157,9 +116,12 @@ class CudaProvider {
         tuning_(ReadFastTuning()),
         general_(ReadGeneralOptions()),
         gemm_(debug_) {
-    weights_constant_ = WeightsAreConstant(api, info);
-    ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice");
-    ThrowIfCudaFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)");
+    // norm_scale and the three weight matrices (inputs 1-4): only constant ones may the fast path read before
+    // it waits on the producer of the activations (programmatic dependent launch)
+    weights_constant_ = InputsAreConstant(api, info, 1, 5);
+    ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice", kOpName);
+    ThrowIfCudaFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)",
+                      kOpName);
   }
 
   Ort::Status Run(OrtKernelContext* ctx, const HcLowRankMixParams& params, const Args& t) {
