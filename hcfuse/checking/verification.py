@@ -52,6 +52,7 @@ import onnx_ir as ir
 from hcfuse import _op, _op_nbits
 from hcfuse.checking import feeds
 from hcfuse.files import model_io
+from hcfuse.files.proto_walk import proto_nodes
 from hcfuse.checking._session import CPU as _CPU
 from hcfuse.checking._session import CUDA as _CUDA
 from hcfuse.checking._session import inference_session
@@ -208,15 +209,13 @@ def _with_fp32_nbits_activations(path: str) -> bytes | None:
     they take fp32 activations and exact fp32 weights as the fused op does; None when it has no such node."""
     proto = onnx.load(path, load_external_data=False)
     changed = False
-    pending = [proto.graph.node, *(function.node for function in proto.functions)]
-    while pending:
-        for node in pending.pop():
-            for attr in list(node.attribute):
-                pending += [g.node for g in (*([attr.g] if attr.HasField("g") else []), *attr.graphs)]
-                if (node.op_type == "MatMulNBits" and node.domain == _op.DOMAIN and attr.name == "accuracy_level"
-                        and attr.i == INT8_ACTIVATIONS_ACCURACY_LEVEL):
-                    node.attribute.remove(attr)
-                    changed = True
+    for node in proto_nodes(proto):
+        if node.op_type != "MatMulNBits" or node.domain != _op.DOMAIN:
+            continue
+        for attr in list(node.attribute):
+            if attr.name == "accuracy_level" and attr.i == INT8_ACTIVATIONS_ACCURACY_LEVEL:
+                node.attribute.remove(attr)
+                changed = True
     return proto.SerializeToString() if changed else None
 
 

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from hcfuse.files.errors import ModelIOError, one_line
 from hcfuse.files.model_checks import check_structure, external_data_problem, undefined_input
+from hcfuse.files.proto_walk import proto_graphs
 from hcfuse.files.sparse_initializers import densify_sparse_initializers
 
 # Inline models must stay below protobuf's 2 GB message limit; leave room for the graph itself.
@@ -127,14 +128,13 @@ def needs_external_data(model: ir.Model) -> bool:
 
 
 def tensor_protos(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            for sub in [*([attr.g] if attr.HasField("g") else []), *attr.graphs]:
-                yield from tensor_protos(sub)
+    for g in proto_graphs(graph):
+        yield from g.initializer
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
 
 
 def locations(path: str) -> set[str]:

@@ -4,13 +4,12 @@ name and values before onnx-ir sees the model."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from hcfuse.files.errors import ModelIOError
+from hcfuse.files.proto_walk import proto_graphs
 
 
 def sparse_to_dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
@@ -25,26 +24,15 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto) -> onnx.TensorProto:
     return numpy_helper.from_array(dense.reshape(tuple(sparse.dims)), sparse.values.name)
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
-
-
 def has_sparse_initializers(model: onnx.ModelProto) -> bool:
-    return any(len(g.sparse_initializer) for g in _graphs(model.graph))
+    return any(len(g.sparse_initializer) for g in proto_graphs(model.graph))
 
 
 def densify_sparse_initializers(model: onnx.ModelProto) -> int:
     """Moves every graph's (subgraphs' too) sparse initializers to its dense initializers, in place;
     returns how many it moved."""
     moved = 0
-    for graph in _graphs(model.graph):
+    for graph in proto_graphs(model.graph):
         dense = [sparse_to_dense(sp) for sp in graph.sparse_initializer]
         graph.initializer.extend(dense)
         del graph.sparse_initializer[:]

@@ -73,5 +73,5 @@ def check_defined(model: ir.Model) -> None:
                 if value.const_value is not None:
                     continue
                 raise ValueError(f"hcfuse: node {node.name or node.op_type!r} reads {value.name!r}, which the model "
-                                 f"defines nowhere onnx-ir can see (onnx-ir drops sparse initializers: pass the ModelProto, "
-                                 "whose sparse initializers hcfuse makes dense)")
+                                 "defines nowhere onnx-ir can see (onnx-ir drops sparse initializers: pass the "
+                                 "ModelProto, whose sparse initializers hcfuse makes dense)")

@@ -53,6 +53,7 @@ from hcfuse._op import (
     STREAMS_OUT,
     UP_WEIGHT,
 )
+from hcfuse.files.proto_walk import proto_graphs
 from hcfuse.files.sparse_initializers import sparse_to_dense
 from hcfuse.shapes import nbits_schema
 from hcfuse.shapes.schema import node_form_problem, register_schema
@@ -302,9 +303,7 @@ def _rewrite_constants(graph: onnx.GraphProto) -> int:
     """Turn Constant nodes using value_float/value_ints/.../sparse_value into `value` tensors (in place,
     subgraphs included); returns how many were rewritten."""
     count = 0
-    for node in graph.node:
-        for attr in node.attribute:
-            count += sum(_rewrite_constants(g) for g in [*([attr.g] if attr.HasField("g") else []), *attr.graphs])
+    for node in (node for g in proto_graphs(graph) for node in g.node):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1:
             attr = node.attribute[0]
             if attr.name in _SCALAR_FORMS or attr.name == "sparse_value":
