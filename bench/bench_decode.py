@@ -15,7 +15,7 @@ Variants, all in one run (names keep their meaning; --variants picks):
   nbits          ai.hcfuse.HyperConnectionLowRankMixNBits (hcfuse's kernel), both projections int4 as
                  onnxruntime-genai's int4 build writes them: MatMulNBitsQuantizer(block_size=32,
                  is_symmetric=True, accuracy_level=4), down+inject packed (N = R + C), scales T [N, k_blocks], no
-                 zero points (bench/int4_weights.py quantizes byte for byte as that quantizer does);
+                 zero points (hcfuse.models.nbits.nbits_weights runs that quantizer's routine);
   stock-int4     hcfuse.unfuse of the nbits chain: the same quantized bytes, its two MatMuls per block
                  com.microsoft.MatMulNBits run by onnxruntime's CUDA provider, the rest as stock;
   matmul         (--sublayer only) the sublayer MatMuls alone.

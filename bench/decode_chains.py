@@ -25,7 +25,7 @@ from hcfuse import _op, _op_nbits  # noqa: E402
 from hcfuse._op import IR_VERSION, QWEN_CONFIG  # noqa: E402
 from hcfuse._op import ONNX_OPSET as OPSET  # noqa: E402
 from hcfuse.models.hc_block import random_weights  # noqa: E402
-from int4_weights import nbits_weight_set  # noqa: E402
+from hcfuse.models.nbits import nbits_weights  # noqa: E402
 
 C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]
 K = C * H
@@ -62,7 +62,7 @@ def weight_sets(fmt: str, count: int, dtype, rng: np.random.Generator) -> list[d
     """count weight sets of a format: hcfuse.models.hc_block's random weights, quantized for int4."""
     t0 = time.perf_counter()
     dense = (random_weights(C, H, R, dtype, rng) for _ in range(count))
-    sets = [nbits_weight_set(w, BLOCK_SIZE) for w in dense] if fmt == "int4" else list(dense)
+    sets = [nbits_weights(w, block_size=BLOCK_SIZE) for w in dense] if fmt == "int4" else list(dense)
     size_mb = weight_bytes(fmt, np.dtype(dtype).itemsize) / 1e6
     print(f"{np.dtype(dtype).name} {fmt}: {count} weight sets of {size_mb:.2f} MB made in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
@@ -77,7 +77,7 @@ def sublayer_weights(dtype, rng: np.random.Generator, count: int) -> list[np.nda
 def chain_model(num_blocks: int, elem: int, weights: list[dict[str, np.ndarray]],
                 sublayers: list[np.ndarray] | None = None) -> onnx.ModelProto:
     """num_blocks fused nodes chained as bench_decode.py's docstring says; rows is a symbolic dim. The op is the
-    weights' format's: dense (random_weights' dicts) or quantized (nbits_weight_set's dicts). With sublayers (H x H
+    weights' format's: dense (random_weights' dicts) or quantized (hcfuse.models.nbits.nbits_weights' dicts). With sublayers (H x H
     matrices), prev_block_output of block k+1 is MatMul(pre_output of block k, W[k % n]): the "real model" variant,
     a sublayer kernel (which does not trigger dependents early) between blocks."""
     spec = _op_nbits if _op_nbits.INPUTS[_op_nbits.DOWN_INJECT_WEIGHT] in weights[0] else _op

@@ -1,7 +1,5 @@
 """bench_decode.py --dry-run: every variant's models built as the timed run builds them, checked without a GPU.
 
-- the int4 quantizer (bench/int4_weights.py) against hcfuse.models.nbits.quantize_nbits, byte for byte, on one
-  weight set of each dtype (where onnxruntime.quantization imports);
 - each format's weight sets made as the timed run makes them (their time printed), one set's bytes against the
   memory floor's count;
 - every variant's chains of 2 and 4 blocks through onnx.checker (full check: hcfuse registers both ops' schemas);
@@ -17,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from decode_chains import BLOCK_SIZE, C, DTYPES, H, K, NBITS_ATTRS, R, WEIGHT_SETS, chain_model, sublayer_weights, \
+from decode_chains import C, DTYPES, H, K, NBITS_ATTRS, R, WEIGHT_SETS, chain_model, sublayer_weights, \
     variant_format, variant_model, weight_bytes, weight_sets  # first: puts the repository on sys.path
 import hcfuse
 from hcfuse import _op_nbits
-from int4_weights import quantize_int4
 
 BLOCKS = (2, 4)
 CPU_DTYPES = ("fp16", "fp32")
@@ -30,27 +27,6 @@ ROWS = 3
 # differ by a few ulps of 16-bit outputs (measured <= 0.1%); int8 activations (int4 at level 4) by more (<= 0.2%)
 FP_ACTIVATIONS_BOUND = 5e-3
 INT8_ACTIVATIONS_BOUND = 2e-2
-
-
-def check_quantizer(rng: np.random.Generator) -> None:
-    """quantize_int4 against quantize_nbits (onnxruntime's quantizer) on both projections' shapes, each dtype."""
-    from hcfuse.models.nbits import quantize_nbits
-
-    try:
-        import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401
-    except ImportError as e:
-        print(f"quantizer: not compared with onnxruntime's ({e})")
-        return
-    for dt, (dtype, _) in DTYPES.items():
-        for shape in ((K, R + C), (R, K)):
-            w = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(dtype)
-            ours, theirs = quantize_int4(w, BLOCK_SIZE), quantize_nbits(w, 4, BLOCK_SIZE, symmetric=True)
-            if theirs.zero_points is not None or not np.array_equal(ours.B, theirs.B) or \
-                    ours.scales.dtype != theirs.scales.dtype or \
-                    not np.array_equal(ours.scales.view(np.uint8), theirs.scales.view(np.uint8)):
-                raise SystemExit(f"dry run: quantize_int4 differs from quantize_nbits on a {dt} {shape} weight")
-    print("quantizer: B and scales byte for byte as onnxruntime's MatMulNBitsQuantizer (quantize_nbits), "
-          f"{', '.join(DTYPES)}, [{K}, {R + C}] and [{R}, {K}]")
 
 
 def check_unfused_int4(fused: onnx.ModelProto, stock: onnx.ModelProto, num_blocks: int) -> None:
@@ -120,7 +96,6 @@ def dry_run(dtypes: list[str], variants: list[str], sublayer: bool, set_counts: 
     import onnxruntime as ort
 
     rng = np.random.default_rng(6)
-    check_quantizer(rng)
     all_variants = [*variants, "matmul"] if sublayer else list(variants)
     formats = sorted({variant_format(v) for v in all_variants if v != "matmul"})
     for dt in dtypes:

@@ -84,15 +84,21 @@ def _pack_default_zero_points(N: int, num_k_blocks: int, bits: int) -> np.ndarra
 def random_nbits_weights(C: int, H: int, R: int, dtype, rng: np.random.Generator,
                          quantized: Sequence[str] = ("down_inject", "up"), bits: int = 4, block_size: int = 32,
                          symmetric: bool = True, zp_form: str | None = None) -> dict[str, np.ndarray]:
-    """The op's weight inputs, keyed by input name: hcfuse.models.hc_block's random weights with down and
-    inject packed into down_inject_weight (C*H, R+C), and the projections named in quantized ("down_inject",
-    "up") quantized by quantize_nbits (scales and zero points added under their names)."""
-    dense = random_weights(C, H, R, dtype, rng)
+    """The op's weight inputs, keyed by input name: hcfuse.models.hc_block's random weights as nbits_weights
+    makes them."""
+    return nbits_weights(random_weights(C, H, R, dtype, rng), quantized, bits, block_size, symmetric, zp_form)
+
+
+def nbits_weights(dense: dict[str, np.ndarray], quantized: Sequence[str] = ("down_inject", "up"), bits: int = 4,
+                  block_size: int = 32, symmetric: bool = True, zp_form: str | None = None) -> dict[str, np.ndarray]:
+    """The op's weight inputs, keyed by input name, from the dense op's (hcfuse.models.hc_block.random_weights'
+    dict): down and inject packed into down_inject_weight (C*H, R+C), and the projections named in quantized
+    ("down_inject", "up") quantized by quantize_nbits (scales and zero points added under their names)."""
     matrices = {_op_nbits.DOWN_INJECT: np.concatenate([dense["down_weight"], dense["inject_weight"]], axis=1),
                 _op_nbits.UP: dense["up_weight"]}
     unknown = set(quantized) - {proj.name for proj in matrices}
     if unknown:
-        raise ValueError(f"random_nbits_weights: unknown projection(s) {sorted(unknown)}; expected down_inject, up")
+        raise ValueError(f"nbits_weights: unknown projection(s) {sorted(unknown)}; expected down_inject, up")
     out = {"norm_scale": dense["norm_scale"]}
     for proj, matrix in matrices.items():
         if proj.name not in quantized:
