@@ -420,7 +420,7 @@ def main() -> None:
                     metavar=("DENSE", "INT4"), help="distinct weight sets cycling through a chain, per weight format")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: build every variant's models at 2 and 4 blocks, check them (onnx.checker, the "
-                         "quantizer against onnxruntime's, the int4 chain's unfusion and refusion) and compare fused "
+                         "int4 chain's unfusion and refusion) and compare fused "
                          "and stock chains of 2 blocks on onnxruntime's CPU provider")
     ap.add_argument("--plot-from", type=Path, help="only plot an existing decode.csv")
     args = ap.parse_args()
