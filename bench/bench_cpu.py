@@ -59,7 +59,7 @@ from hcfuse.checking._ort_io import from_ort_value, to_ort_value  # noqa: E402
 from hcfuse.checking._session import inference_session  # noqa: E402
 from hcfuse import _op_nbits  # noqa: E402
 from hcfuse.models.hc_block import make_fused_node_model, random_activations, random_weights  # noqa: E402
-from hcfuse.models.quantized import quantize_model  # noqa: E402
+from hcfuse.models.quantized import GENAI_INT4, quantize_model  # noqa: E402
 from hcfuse.models.qwen_decode import make_decode_model  # noqa: E402
 
 C, H, R = QWEN_SHAPE["C"], QWEN_SHAPE["H"], QWEN_SHAPE["R"]
@@ -75,14 +75,12 @@ def weight_bytes(itemsize: int) -> int:
     return (2 * K * R + K * C + K) * itemsize
 
 
-# the int4 table's quantization: onnxruntime-genai's int4 builds (MatMulNBitsQuantizer's arguments)
-INT4 = {"bits": 4, "block_size": 32, "symmetric": True, "accuracy_level": 4}
 INT4_DTYPES = ("float32", "float16")  # ORT's CPU MatMulNBits takes no bfloat16 activations
 
 
 def int4_weight_bytes(itemsize: int) -> int:
     """Bytes of one block's int4 weights: B and scales of down+inject (N = R+C) and up (N = C*H), norm scale."""
-    bits, bs = INT4["bits"], INT4["block_size"]
+    bits, bs = GENAI_INT4["bits"], GENAI_INT4["block_size"]
     K = C * H
 
     def projection(k: int, n: int) -> int:
@@ -189,8 +187,7 @@ def build_int4_models(dtype, rng) -> dict[str, bytes]:
     w = random_weights(C, H, R, dtype, rng)
     node = make_fused_node_model(C=C, H=H, R=R, dtype=dtype, leading_dims=["rows"], prologue=True, streams_out=True,
                                  weights_as_inputs=False, weights=w, **QWEN_ATTRIBUTES)
-    stock = quantize_model(hcfuse.unfuse(node), bits=INT4["bits"], block_size=INT4["block_size"],
-                           symmetric=INT4["symmetric"], accuracy_level=INT4["accuracy_level"])
+    stock = quantize_model(hcfuse.unfuse(node), **GENAI_INT4)  # the int4 table's quantization
     fused = hcfuse.optimize(stock)
     if count_ops(fused, _op_nbits.OP_TYPE, _op_nbits.DOMAIN) != 1 or len(fused.graph.node) != 1:
         raise RuntimeError(f"bench_cpu: hcfuse.optimize left the int4 block as {[n.op_type for n in fused.graph.node]}")

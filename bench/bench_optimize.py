@@ -39,8 +39,6 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_RATIO, TARGET_RSS_MB = 1.5, 512
 FORMATS = ("dense", "int4")
-# onnxruntime-genai's int4 build: MatMulNBitsQuantizer's options (hcfuse.models.quantized.quantize_model)
-INT4 = {"bits": 4, "block_size": 32, "symmetric": True, "accuracy_level": 4}
 
 _FLOOR = (
     "import os, sys, onnx_ir as ir; src, dst = sys.argv[1:3]; "
@@ -51,8 +49,8 @@ _GENERATE = (
     "import os, sys, ml_dtypes, onnx_ir as ir; from hcfuse.models.qwen_decode import build_decode_model; "
     "src, blocks, drop, fmt = sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1', sys.argv[4]; "
     "model = build_decode_model(blocks, dtype=ml_dtypes.bfloat16); "
-    "from hcfuse.models.quantized import quantize_model; "
-    "model = ir.from_proto(quantize_model(ir.to_proto(model), **" + repr(INT4) + ")) if fmt == 'int4' else model; "
+    "from hcfuse.models.quantized import GENAI_INT4, quantize_model; "
+    "model = ir.from_proto(quantize_model(ir.to_proto(model), **GENAI_INT4)) if fmt == 'int4' else model; "
     "values = [v for node in model.graph for v in node.outputs if drop and not v.is_graph_output()]; "
     "[(setattr(v, 'shape', None), setattr(v, 'type', None)) for v in values]; "
     "ir.save(model, src, external_data=os.path.basename(src) + '.data')"

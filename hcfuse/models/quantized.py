@@ -23,6 +23,8 @@ from hcfuse.models.genai_model_folder import MODEL_FILE, save_genai_model_folder
 from hcfuse.models.qwen_decode import make_decode_model
 
 ZP_FORMS = (None, "T")
+# quantize_model's options as onnxruntime-genai's int4 builds set them (its defaults; named where a caller says so)
+GENAI_INT4 = {"bits": 4, "block_size": 32, "symmetric": True, "accuracy_level": 4}
 
 
 def projection_names(layer: int = 0, location: str = "attn", *, packed: bool = True) -> dict[str, str]:

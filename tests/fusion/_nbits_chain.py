@@ -12,18 +12,17 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from hcfuse import _op_nbits
-from hcfuse.models.quantized import quantized_decode_model
+from hcfuse.models.quantized import GENAI_INT4, quantized_decode_model
 from hcfuse.reference_nbits import dequantize, hc_lowrank_mix_nbits
 from tests.fusion._chain import C, H, R
 from tests.oprun import CONTRIB_OPS
 
-# the quantizer's own form of an int4 genai build, on a small chain (2 blocks and the final mix)
-QUANTIZED = dict(bits=4, block_size=32, symmetric=True, accuracy_level=4)
+# the small chain (2 blocks and the final mix) the quantizer turns into an int4 genai build's form
 SMALL = dict(C=C, H=H * 4, R=R * 2, final_mix=True, tile_embeddings=False)
 
 
 def quantized_chain(num_blocks: int = 2, *, quantizer: dict | None = None, **options) -> ir.Model:
-    return ir.from_proto(quantized_decode_model(num_blocks, **{**QUANTIZED, **(quantizer or {})},
+    return ir.from_proto(quantized_decode_model(num_blocks, **{**GENAI_INT4, **(quantizer or {})},
                                                 **{**SMALL, **options}))
 
 
