@@ -26,14 +26,15 @@ from hcfuse._op import IR_VERSION, QWEN_CONFIG  # noqa: E402
 from hcfuse._op import ONNX_OPSET as OPSET  # noqa: E402
 from hcfuse.models.hc_block import random_weights  # noqa: E402
 from hcfuse.models.nbits import nbits_weights  # noqa: E402
+from hcfuse.models.quantized import GENAI_INT4  # noqa: E402
 
 C, H, R = QWEN_CONFIG["num_branches"], QWEN_CONFIG["hidden"], QWEN_CONFIG["rank"]
 K = C * H
 ATTRS = {k: QWEN_CONFIG[k] for k in ("epsilon", "reduction_scale", "silu_alpha", "gate_div", "gate_mul")}
-BLOCK_SIZE = 32
 # The int4 node's MatMulNBits attributes, as onnxruntime-genai's int4 build writes them (accuracy_level 4 does not
 # change the fused op's computation; unfusion writes it back on the MatMulNBits nodes)
-NBITS_ATTRS = {"bits": 4, "block_size": BLOCK_SIZE, "accuracy_level": 4}
+NBITS_ATTRS = {k: GENAI_INT4[k] for k in ("bits", "block_size", "accuracy_level")}
+BLOCK_SIZE = NBITS_ATTRS["block_size"]
 DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float16, TensorProto.FLOAT16),
           "fp32": (np.float32, TensorProto.FLOAT)}
 # Distinct weight sets cycling through a chain, per format: enough that they do not stay in the H100's 50 MB or
@@ -62,7 +63,8 @@ def weight_sets(fmt: str, count: int, dtype, rng: np.random.Generator) -> list[d
     """count weight sets of a format: hcfuse.models.hc_block's random weights, quantized for int4."""
     t0 = time.perf_counter()
     dense = (random_weights(C, H, R, dtype, rng) for _ in range(count))
-    sets = [nbits_weights(w, block_size=BLOCK_SIZE) for w in dense] if fmt == "int4" else list(dense)
+    sets = [nbits_weights(w, bits=GENAI_INT4["bits"], block_size=BLOCK_SIZE, symmetric=GENAI_INT4["symmetric"])
+            for w in dense] if fmt == "int4" else list(dense)
     size_mb = weight_bytes(fmt, np.dtype(dtype).itemsize) / 1e6
     print(f"{np.dtype(dtype).name} {fmt}: {count} weight sets of {size_mb:.2f} MB made in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
