@@ -2,8 +2,8 @@
 # The GPU check of the CUDA library, on a machine with a GPU, onnxruntime-gpu importable and (for step 3)
 # compute-sanitizer on PATH. Steps, each cut at its cap and at what is left of BUDGET_S, so the script
 # ends within the budget even when a step hangs (a step cut short leaves its partial log):
-#   0. build the library into HCFUSE_BUILD_DIR (bench/build_kernels.sh; skipped with SKIP_BUILD=1 or a
-#      given HCFUSE_LIBRARY, which is then the library checked)
+#   0. build the library into HCFUSE_BUILD_DIR (bench/build_kernels.sh; skipped with a given HCFUSE_LIBRARY,
+#      which is then the library checked, or with SKIP_BUILD=1 where HCFUSE_BUILD_DIR already holds one)
 #   1. a hash of every output of both paths (bench/output_bits.py: diff two runs' bits.txt to compare
 #      two libraries bit for bit)                                             -> $OUT/bits.txt
 #   2. the decode benchmark: fast, general and stock, bf16 and fp16, 1-64 rows, 3 repetitions
@@ -17,8 +17,10 @@
 # (bench/build_kernels.sh) and pass each as HCFUSE_LIBRARY.
 #
 #   ORT_INCLUDE_DIR=/path/to/ort/include OUT=/tmp/out bash bench/gpu_check.sh
-#   SKIP_BUILD=1 HCFUSE_LIBRARY=/path/libhcfuse_ops.so OUT=/tmp/out bash bench/gpu_check.sh   # a given library
+#   HCFUSE_LIBRARY=/path/libhcfuse_ops.so OUT=/tmp/out bash bench/gpu_check.sh           # a given library
+#   STEPS=tests OUT=/tmp/a bash bench/gpu_check.sh; SKIP_BUILD=1 STEPS=sanitize OUT=/tmp/b bash bench/gpu_check.sh
 # Environment: OUT (default ./gpu_check_out), HCFUSE_BUILD_DIR (default /tmp/hcfuse_gpu_check_build),
+# STEPS (default "bits decode tests sanitize": the steps 1-4 to run, to split the check over calls),
 # BUDGET_S (default 560), ORT_INCLUDE_DIR and HCFUSE_CUTLASS_INCLUDE for the build (bench/build_kernels.sh),
 # BUILD_TIMEOUT (default 300).
 set -uo pipefail
@@ -32,10 +34,12 @@ stamp() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$out/summary.txt"; }
 # the step's cap: at most $1 seconds and what is left of the budget (at least 5)
 cap() { local left=$((budget - (SECONDS - t0))); echo $((left < $1 ? (left > 5 ? left : 5) : $1)); }
 last() { tail -1 "$1" 2>/dev/null; }
+steps=" ${STEPS:-bits decode tests sanitize} "
+step() { [[ $steps == *" $1 "* ]]; }
 : > "$out/summary.txt"
 
 # 0. the library
-if [ -n "${SKIP_BUILD:-}" ] || [ -n "${HCFUSE_LIBRARY:-}" ]; then
+if [ -n "${HCFUSE_LIBRARY:-}" ] || { [ -n "${SKIP_BUILD:-}" ] && [ -f "$build/libhcfuse_ops.so" ]; }; then
   export HCFUSE_LIBRARY=${HCFUSE_LIBRARY:-$build/libhcfuse_ops.so}
   [ -f "$HCFUSE_LIBRARY" ] || { echo "gpu_check: no library at $HCFUSE_LIBRARY" >&2; exit 1; }
   stamp "library $HCFUSE_LIBRARY (not built here)"
@@ -49,19 +53,25 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$out/summary.txt"
 
 # 1. the outputs' bits
-timeout "$(cap 60)" python3 bench/output_bits.py > "$out/bits.txt" 2> "$out/bits.log"
-stamp "bits: exit $? $(wc -l < "$out/bits.txt") lines"
+if step bits; then
+  timeout "$(cap 60)" python3 bench/output_bits.py > "$out/bits.txt" 2> "$out/bits.log"
+  stamp "bits: exit $? $(wc -l < "$out/bits.txt") lines"
+fi
 
 # 2. the decode benchmark
-timeout "$(cap 90)" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2 4 8 16 32 64 --dtypes bf16 fp16 \
-  --variants fast general stock --reps 3 > "$out/decode.log" 2>&1
-stamp "decode: exit $?"
-grep -E "^\| (bf16|fp16)" "$out/decode.log" | sort -u -t'|' -k2,2 -k3,3n | tee -a "$out/summary.txt"
+if step decode; then
+  timeout "$(cap 90)" python3 bench/bench_decode.py --out "$out/decode" --rows 1 2 4 8 16 32 64 --dtypes bf16 fp16 \
+    --variants fast general stock --reps 3 > "$out/decode.log" 2>&1
+  stamp "decode: exit $?"
+  grep -E "^\| (bf16|fp16)" "$out/decode.log" | sort -u -t'|' -k2,2 -k3,3n | tee -a "$out/summary.txt"
+fi
 
 # 3. every CUDA test (and the rest of tests/kernels, which takes seconds)
-timeout "$(cap 400)" python3 -m pytest -q -rs -p no:cacheprovider tests/kernels > "$out/tests.log" 2>&1
-stamp "tests: exit $? $(last "$out/tests.log")"
-grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
+if step tests; then
+  timeout "$(cap 400)" python3 -m pytest -q -rs -p no:cacheprovider tests/kernels > "$out/tests.log" 2>&1
+  stamp "tests: exit $? $(last "$out/tests.log")"
+  grep -hE "^FAILED|^ERROR" "$out/tests.log" | head -20
+fi
 
 # 4. compute-sanitizer. The fast path: the generic kernels (small shapes, 7 rows, both prologue settings) and
 # the real shape's (3 rows); the general path: every row range, both norm kernels (HcNormInjectKernel: H = 129
@@ -85,7 +95,9 @@ sanitize() {
     stamp "$tool $name: exit $? $(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize_${name}_$tool.log" | tail -1) $(last "$out/sanitize_${name}_$tool.log")"
   done
 }
-sanitize fast 40 HcFast tests/kernels/test_fast_path_cuda.py "$fast_tests"
-RACE_UNFILTERED=1 sanitize general 60 Hc tests/kernels/test_prefill_cuda.py "$general_tests"
-RACE_UNFILTERED=1 sanitize nbits 60 HcNBits tests/kernels/test_nbits_cuda.py "$nbits_tests"
+if step sanitize; then
+  sanitize fast 40 HcFast tests/kernels/test_fast_path_cuda.py "$fast_tests"
+  RACE_UNFILTERED=1 sanitize general 60 Hc tests/kernels/test_prefill_cuda.py "$general_tests"
+  RACE_UNFILTERED=1 sanitize nbits 60 HcNBits tests/kernels/test_nbits_cuda.py "$nbits_tests"
+fi
 stamp done
