@@ -349,6 +349,7 @@ struct UpMixArgs {
 template <typename T, int BITS, int RT>
 __global__ void __launch_bounds__(kProductThreads) HcNBitsUpMixKernel(UpMixArgs<T> a) {
   if (!a.weights_early) ptx::WaitOnProducer();  // launched early (PDL), as HcNBitsProductKernel
+  ptx::ReleaseDependents();  // the next node's kernels wait for this one's end before touching anything
   __shared__ float xs[RT][kUpStageK];
   __shared__ float gs[RT][kProductThreads], hns[RT][kProductThreads];
   const int64_t W = a.C * a.H;
@@ -430,6 +431,7 @@ struct UpGateArgs {
 template <typename T>
 __global__ void __launch_bounds__(kEpilogueThreads) HcNBitsUpGateKernel(UpGateArgs<T> a) {
   ptx::WaitOnProducer();  // launched early (PDL): the partials come from the product before it
+  ptx::ReleaseDependents();
   const int64_t W = a.C * a.H;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < a.rows * a.H;
        i += int64_t{gridDim.x} * blockDim.x) {
