@@ -210,11 +210,13 @@ def _steps(streams, norm_scale, down_weight, up_weight, inject_weight, prev_bloc
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")  # IEEE results (inf, NaN) are the contract
 def steps_f32_weights(streams, norm_scale, down_inject_f32, up_f32, prologue, *, num_branches, epsilon,
-                      reduction_scale, silu_alpha, gate_div, gate_mul) -> dict[str, np.ndarray]:
+                      reduction_scale, silu_alpha, gate_div, gate_mul, down_inject_matmul=matmul_seq_f32,
+                      up_matmul=matmul_seq_f32) -> dict[str, np.ndarray]:
     """The contract's steps with the projections given as fp32 arrays: down_inject_f32 (C*H, R+C), down's
     columns then inject's, and up_f32 (R, C*H); prologue is None or (prev_block_output, prev_post_gate). T is
     streams' dtype. The dense op passes its T weights widened; the quantized op its weights dequantized
-    exactly. Shapes are the caller's to check."""
+    exactly, with the order of its quantized projections' sums (down_inject_matmul, up_matmul: (rows, K) @
+    (K, N) in fp32). Shapes are the caller's to check."""
     C = num_branches
     T = streams.dtype
     lead = streams.shape[:-1]
@@ -231,12 +233,12 @@ def steps_f32_weights(streams, norm_scale, down_inject_f32, up_f32, prologue, *,
                          prev_post_gate.reshape(rows, C, 1).astype(_F32), T)
     hn = rms_norm_branches_f32(x, norm_scale.astype(_F32).reshape(C, H), eps, T).reshape(rows, C * H)
 
-    acc = matmul_seq_f32(hn, down_inject_f32)
+    acc = down_inject_matmul(hn, down_inject_f32)
     down = round_to(acc[:, :R], T)  # rounding point: down
     inject = round_to(acc[:, R:], T)  # rounding point: inject
 
     z, sg, hidden = scaled_silu_f32(down, alpha, T)
-    up = round_to(matmul_seq_f32(hidden, up_f32), T)  # rounding point: up
+    up = round_to(up_matmul(hidden, up_f32), T)  # rounding point: up
     g = round_to(sigmoid_f32(up), T)  # rounding point: g
 
     pre_output = pre_mix_f32(hn.reshape(rows, C, H), g.reshape(rows, C, H), rs, T)

@@ -3,7 +3,16 @@
 A quantized projection's weight is what com.microsoft::MatMulNBits defines, w[k, n] = (q[n, k] - zp[n, b]) *
 scale[n, b] with b = k // block_size, computed in fp32 and never rounded to T; a dense projection is its T
 weight widened. The rest is the dense op's contract run on those fp32 weights
-(`hcfuse.reference.steps_f32_weights`), so every rounding point and accumulation order is the dense op's.
+(`hcfuse.reference.steps_f32_weights`), so every rounding point is the dense op's, and so is every
+accumulation order but one: a quantized projection's dot products run in lane order (`matmul_lanes_f32`):
+
+- lane j (j = 0 .. 31) sums the terms of k = j, j + 32, j + 64, ... in ascending k into an fp32 accumulator
+  that starts at 0, each step a separately rounded multiply and add, as the dense order does;
+- the 32 lane sums are added in a fixed tree: u[l] = s[2l] + s[2l+1] (l = 0 .. 15), then halving,
+  u[l] + u[l + 8], then + 4, + 2 and + 1.
+
+This is the order a CPU reads MatMulNBits' bytes in without transposing them: 16 bytes of a column hold 32
+consecutive k, the even k in the low nibbles and the odd in the high, each a vector of lanes.
 
 Packing (MatMulNBits' own): element (k, n) is in block b = k // block_size at position i = k % block_size;
 bits 4: byte i // 2 of B[n, b, :], low nibble for even i, high for odd; bits 8: byte i. Packed uint8 zero
@@ -30,9 +39,44 @@ from hcfuse._op_nbits import (
     STREAMS,
     UP,
 )
-from hcfuse.reference import check_dtypes, check_prologue, check_required, check_streams, steps_f32_weights
+from hcfuse.reference import (
+    check_dtypes,
+    check_prologue,
+    check_required,
+    check_streams,
+    matmul_seq_f32,
+    steps_f32_weights,
+)
 
 _F32 = np.float32
+LANES = 32  # the lanes of a quantized projection's dot products
+_MATMUL_CHUNK_FLOATS = 1 << 23  # the largest (rows, LANES, N) accumulator matmul_lanes_f32 holds at once
+
+
+def lane_tree_f32(s: np.ndarray) -> np.ndarray:
+    """(..., LANES, N) lane sums -> (..., N): u[l] = s[2l] + s[2l+1], then halving (u[l] + u[l + half])."""
+    u = s[..., 0::2, :] + s[..., 1::2, :]
+    while u.shape[-2] > 1:
+        half = u.shape[-2] // 2
+        u = u[..., :half, :] + u[..., half:, :]
+    return u[..., 0, :]
+
+
+def matmul_lanes_f32(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(rows, K) @ (K, N) in fp32 in lane order: lane j sums k = j, j + LANES, ... sequentially from 0, a
+    rounded multiply and a rounded add a step; then lane_tree_f32."""
+    rows, K = x.shape
+    N = w.shape[1]
+    out = np.empty((rows, N), dtype=_F32)
+    step = max(1, _MATMUL_CHUNK_FLOATS // (LANES * max(N, 1)))
+    for r0 in range(0, rows, step):
+        xr = x[r0 : r0 + step]
+        acc = np.zeros((xr.shape[0], LANES, N), dtype=_F32)
+        for k0 in range(0, K, LANES):
+            kt = min(LANES, K - k0)  # lanes past K add nothing
+            acc[:, :kt, :] += xr[:, k0 : k0 + kt, None] * w[None, k0 : k0 + kt, :]
+        out[r0 : r0 + step] = lane_tree_f32(acc)
+    return out
 
 
 def _unpack_nibbles(packed: np.ndarray, bits: int) -> np.ndarray:
@@ -164,6 +208,11 @@ def projection_f32(given: dict, proj, K: int, bits: int, block_size: int) -> np.
     return dequantize(weight, given[INPUTS[proj.scales]], given[INPUTS[proj.zero_points]], bits, block_size, K)
 
 
+def projection_matmul(given: dict, proj):
+    """The order of a projection's dot products: lane order when quantized, the dense op's when dense."""
+    return matmul_lanes_f32 if given[INPUTS[proj.weight]].dtype == np.uint8 else matmul_seq_f32
+
+
 def hc_lowrank_mix_nbits(
     streams,
     norm_scale,
@@ -213,4 +262,6 @@ def _steps(*, num_branches, epsilon, reduction_scale, silu_alpha, gate_div, gate
         prologue = (given[INPUTS[PREV_BLOCK_OUTPUT]], given[INPUTS[PREV_POST_GATE]])
     return steps_f32_weights(given[INPUTS[STREAMS]], given[INPUTS[NORM_SCALE]], down_inject_f32, up_f32, prologue,
                              num_branches=C, epsilon=epsilon, reduction_scale=reduction_scale,
-                             silu_alpha=silu_alpha, gate_div=gate_div, gate_mul=gate_mul)
+                             silu_alpha=silu_alpha, gate_div=gate_div, gate_mul=gate_mul,
+                             down_inject_matmul=projection_matmul(given, DOWN_INJECT),
+                             up_matmul=projection_matmul(given, UP))

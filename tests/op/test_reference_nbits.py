@@ -7,8 +7,9 @@ reference.
   bitwise equal (but for the sign of a zero weight: the sum 0 + -0 is +0, so -0 is compared as +0). B, scales
   and zero points are random bytes and values (every nibble, padding included). With zero points of T it
   computes the weight differently (see the test).
-- the quantized op's reference is the dense reference run on the dequantized weights: with weights that T holds
-  exactly (power-of-two scales), the dense reference fed them as T weights gives the same bits at every step.
+- the quantized op's reference is the dense reference run on the dequantized weights, with a quantized projection's
+  sums in lane order (matmul_lanes_f32, itself checked against its definition): with weights that T holds exactly
+  (power-of-two scales), the dense reference's steps fed them as T weights give the same bits.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from hcfuse._op import IR_VERSION, ONNX_OPSET
 from hcfuse.checking._session import CPU, inference_session
 from hcfuse.models.nbits import quantize_nbits
 from hcfuse.reference_nbits import (
+    LANES,
     dequantize,
     hc_lowrank_mix_nbits,
     hc_lowrank_mix_nbits_steps,
+    matmul_lanes_f32,
     unpack_nbits,
     unpack_zero_points,
 )
@@ -248,25 +251,43 @@ def _case(rng, dtype, quantized, zp_form, prologue, lead=(2, 3), bits=4, block_s
     return inputs, dense
 
 
+def _dense_steps(inputs, dense, quantized, attrs) -> dict:
+    """The dense op's steps on the dense equivalent weights, with the quantized projections' sums in lane order."""
+    prologue = None
+    if "prev_block_output" in inputs:
+        prologue = (inputs["prev_block_output"], inputs["prev_post_gate"])
+    orders = {name: matmul_lanes_f32 if name in quantized else reference.matmul_seq_f32 for name in ("down_inject", "up")}
+    return reference.steps_f32_weights(inputs["streams"], inputs["norm_scale"], dense["down_inject"].astype(np.float32),
+                                       dense["up"].astype(np.float32), prologue, **attrs,
+                                       down_inject_matmul=orders["down_inject"], up_matmul=orders["up"])
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), np.dtype(np.float16), BF16], ids=lambda d: d.name)
 @pytest.mark.parametrize("quantized", [("down_inject", "up"), ("down_inject",), ("up",)], ids="+".join)
 @pytest.mark.parametrize("zp_form", [None, "packed", "T"])
 @pytest.mark.parametrize("prologue", [False, True])
-def test_reference_equals_dense_reference_on_the_dequantized_weights(rng, dtype, quantized, zp_form, prologue):
+def test_reference_is_the_dense_reference_on_the_dequantized_weights(rng, dtype, quantized, zp_form, prologue):
+    """Every step is the dense op's on the dequantized weights; only a quantized projection's sums run in lane
+    order (a dense one's keep the dense order, which the dense op's own reference gives)."""
     inputs, dense = _case(rng, dtype, quantized, zp_form, prologue)
     attrs = {"num_branches": C, "epsilon": 1e-6, "reduction_scale": 0.25, "silu_alpha": 0.25, "gate_div": 4.0,
              "gate_mul": 2.0}
     got = hc_lowrank_mix_nbits_steps(**inputs, **attrs, bits=4, block_size=16, accuracy_level=4)
-    di = dense["down_inject"]
-    expected = reference.hc_lowrank_mix_steps(
-        inputs["streams"], inputs["norm_scale"], di[:, :R], dense["up"], di[:, R:],
-        inputs.get("prev_block_output"), inputs.get("prev_post_gate"), **attrs)
+    expected = _dense_steps(inputs, dense, quantized, attrs)
     assert got.keys() == expected.keys()
     for name in expected:
         assert_bitwise_equal(got[name], expected[name], name)
     outputs = hc_lowrank_mix_nbits(**inputs, **attrs, bits=4, block_size=16)
     for out, name in zip(outputs, ("pre_output", "post_gate", "S")):
         assert_bitwise_equal(out, expected[name], name)
+    # the steps before the first quantized projection are the dense op's reference's, bit for bit
+    di = dense["down_inject"]
+    dense_op = reference.hc_lowrank_mix_steps(
+        inputs["streams"], inputs["norm_scale"], di[:, :R], dense["up"], di[:, R:],
+        inputs.get("prev_block_output"), inputs.get("prev_post_gate"), **attrs)
+    same = ("S", "hn") if "down_inject" in quantized else ("S", "hn", "down", "Z", "SG", "hidden", "inject", "post_gate")
+    for name in same:
+        assert_bitwise_equal(got[name], dense_op[name], name)
 
 
 @pytest.mark.parametrize("bits,block_size", [(8, 16), (4, 64), (8, 128)])
@@ -274,11 +295,48 @@ def test_reference_with_8_bits_and_wide_blocks(rng, bits, block_size):
     inputs, dense = _case(rng, np.dtype(np.float16), ("down_inject", "up"), "packed", False, lead=(5,),
                           bits=bits, block_size=block_size)
     got = hc_lowrank_mix_nbits(**inputs, num_branches=C, bits=bits, block_size=block_size)
-    di = dense["down_inject"]
-    expected = reference.hc_lowrank_mix(inputs["streams"], inputs["norm_scale"], di[:, :R], dense["up"], di[:, R:],
-                                        num_branches=C)
-    for a, b, name in zip(got, expected, ("pre_output", "post_gate", "streams_out")):
-        assert_bitwise_equal(a, b, name)
+    defaults = {name: _op_nbits.ATTRIBUTES[name] for name in _op_nbits.FLOAT_ATTRIBUTES}
+    expected = _dense_steps(inputs, dense, ("down_inject", "up"), {"num_branches": C, **defaults})
+    for a, name in zip(got, ("pre_output", "post_gate", "S")):
+        assert_bitwise_equal(a, expected[name], name)
+
+
+def _lane_order_by_definition(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """matmul_lanes_f32 element by element, in fp32 scalars: lane j sums k = j (mod 32) in ascending k, then
+    u[l] = s[2l] + s[2l+1] and halving."""
+    f32 = np.float32
+    out = np.zeros((x.shape[0], w.shape[1]), dtype=f32)
+    for r in range(x.shape[0]):
+        for n in range(w.shape[1]):
+            s = [f32(0.0)] * LANES
+            for k in range(x.shape[1]):
+                s[k % LANES] = f32(s[k % LANES] + f32(x[r, k] * w[k, n]))
+            u = [f32(s[2 * i] + s[2 * i + 1]) for i in range(LANES // 2)]
+            while len(u) > 1:
+                half = len(u) // 2
+                u = [f32(u[i] + u[i + half]) for i in range(half)]
+            out[r, n] = u[0]
+    return out
+
+
+@pytest.mark.parametrize("K", [1, 5, 16, 31, 32, 33, 70, 96])
+def test_lane_order_follows_its_definition(rng, K, monkeypatch):
+    """In row chunks too (a small chunk size makes three of them)."""
+    import hcfuse.reference_nbits as reference_nbits
+
+    x = rng.standard_normal((5, K)).astype(np.float32)
+    w = rng.standard_normal((K, 3)).astype(np.float32)
+    expected = _lane_order_by_definition(x, w)
+    assert_bitwise_equal(matmul_lanes_f32(x, w), expected, "lane order")
+    monkeypatch.setattr(reference_nbits, "_MATMUL_CHUNK_FLOATS", 2 * LANES * 3)
+    assert_bitwise_equal(matmul_lanes_f32(x, w), expected, "lane order, rows in chunks")
+
+
+def test_lane_order_differs_from_the_dense_order(rng):
+    """The orders are different sums (a check that the quantized op's does not silently fall back to the other)."""
+    x = rng.standard_normal((8, 300)).astype(np.float32)
+    w = rng.standard_normal((300, 16)).astype(np.float32)
+    assert (matmul_lanes_f32(x, w) != reference.matmul_seq_f32(x, w)).any()
 
 
 def test_reference_zero_rows(rng):

@@ -1,14 +1,16 @@
 // CPU kernel of HyperConnectionLowRankMixNBits (see the header for its order of operations). Phases
 // per pass of up to kHcCpuRowsPerPass rows, each a set of independent tasks over output elements
 // handed to the task runner (ORT's thread pool):
-//   1. S, streams_out and hn per (rows, branch);
+//   1. S, streams_out and hn per (rows, branch); with a quantized down_inject, hn arranged for its lanes
+//      per row;
 //   2. the down/inject product per block of its R + C columns, then down -> Z -> SG -> hidden or
 //      inject -> post_gate on those columns;
+//      With a quantized up, hidden arranged for its lanes per row;
 //   3. the up product per block of features h (all C branches), then g and pre_output on them.
 // The products (hc_nbits_cpu_product.inc) and the elementwise spans (hc_lowrank_mix_cpu_gemm.inc, the
 // dense kernel's, so both ops round and take sigmoids alike) are compiled for AVX-512, AVX2 and plain
 // x86-64 (or the target's default; hc_cpu_isa.inc) and picked at run time. No variant fuses a
-// multiply-add, so all give the same bits. The norm and the epilogues are the dense kernel's
+// multiply-add and all take the reference's order, so all give the same bits. The norm and the epilogues are the dense kernel's
 // (hc_cpu_steps.h).
 #include "cpu/hc_nbits_cpu.h"
 
@@ -18,12 +20,15 @@ namespace hcfuse {
 namespace {
 
 // Columns [n0, n1) of x (rows x K, row stride ldx) times one projection [K, N], into out (row stride ldo).
+// A quantized projection reads xq instead: x arranged for its lanes (ArrangeLanes; row stride ldxq).
 template <typename T>
 struct ProductArgs {
   HcNBitsProjection<T> w;
   int64_t K, N, bits, block_size;
   const float* x;
   int64_t ldx, rows;  // rows <= kHcCpuRowTile
+  const float* xq;
+  int64_t ldxq;
   int64_t n0, n1;
   float* out;
   int64_t ldo;
@@ -55,6 +60,18 @@ constexpr int64_t kFeatureBlock = 64;  // features h per up/mix task (C x 64 col
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Row x (K values) as the quantized products read it, out (HcNBitsLanePadded(K) values): per chunk of 32 k,
+// at 4 bits the 16 even k then the 16 odd (the low and high nibbles of the chunk's 16 bytes), at 8 bits the
+// k in order; 0 past K.
+inline void ArrangeLanes(const float* x, int64_t K, int64_t bits, float* out) {
+  const int64_t padded = HcNBitsLanePadded(K);
+  for (int64_t k = 0; k < padded; ++k) {
+    const int64_t chunk = k / kHcNBitsLanes * kHcNBitsLanes, i = k % kHcNBitsLanes;
+    const int64_t from = bits == 8 ? k : chunk + (i < 16 ? 2 * i : 2 * (i - 16) + 1);
+    out[k] = from < K ? x[from] : 0.0f;
+  }
+}
+
 template <typename T>
 class Pass {
  public:
@@ -66,6 +83,8 @@ class Pass {
     g_ = hn_ + rows * m_.width();
     di_ = g_ + rows * m_.width();
     hidden_ = di_ + rows * (m_.R + m_.C);
+    hn_lanes_ = hidden_ + rows * m_.R;
+    hidden_lanes_ = hn_lanes_ + rows * HcNBitsLanePadded(m_.width());
   }
 
   void Run(const HcTaskRunner& run) {
@@ -73,14 +92,24 @@ class Pass {
     run(CeilDiv(rows_, kHcCpuNormRows) * C, [this, C](int64_t task) {
       HcCpuNorm(m_, a_, ops_, hn_, row0_, rows_, task / C, task % C);
     });
+    if (a_.down_inject.q != nullptr) {
+      run(rows_, [this](int64_t r) { Arrange(hn_, m_.width(), hn_lanes_, r); });
+    }
     run(CeilDiv(m_.R + C, kColumnBlock), [this](int64_t block) { DownInject(block); });
+    if (a_.up.q != nullptr) {
+      run(rows_, [this](int64_t r) { Arrange(hidden_, m_.R, hidden_lanes_, r); });
+    }
     run(CeilDiv(m_.H, kFeatureBlock), [this](int64_t block) { UpMix(block); });
   }
 
  private:
-  ProductArgs<T> Args(const HcNBitsProjection<T>& w, int64_t K, int64_t N, const float* x, int64_t n0, int64_t n1,
-                      float* out, int64_t ldo) const {
-    return {w, K, N, p_.bits, p_.block_size, x, K, rows_, n0, n1, out, ldo};
+  ProductArgs<T> Args(const HcNBitsProjection<T>& w, int64_t K, int64_t N, const float* x, const float* xq,
+                      int64_t n0, int64_t n1, float* out, int64_t ldo) const {
+    return {w, K, N, p_.bits, p_.block_size, x, K, rows_, xq, HcNBitsLanePadded(K), n0, n1, out, ldo};
+  }
+
+  void Arrange(const float* x, int64_t K, float* lanes, int64_t r) const {
+    ArrangeLanes(x + r * K, K, p_.bits, lanes + r * HcNBitsLanePadded(K));
   }
 
   // Columns [n0, n1) of hn @ down_inject and their epilogue: hidden for down's columns (< R),
@@ -88,7 +117,7 @@ class Pass {
   void DownInject(int64_t block) {
     const int64_t R = m_.R, C = m_.C, N = R + C, W = m_.width();
     const int64_t n0 = block * kColumnBlock, n1 = std::min(N, n0 + kColumnBlock);
-    ops_.product(Args(a_.down_inject, W, N, hn_, n0, n1, di_ + n0, N));
+    ops_.product(Args(a_.down_inject, W, N, hn_, hn_lanes_, n0, n1, di_ + n0, N));
     for (int64_t r = 0; r < rows_; ++r) {
       float* v = di_ + r * N;
       if (n0 < R) {
@@ -109,7 +138,7 @@ class Pass {
     const int64_t R = m_.R, C = m_.C, H = m_.H, W = m_.width();
     const int64_t h0 = block * kFeatureBlock, h1 = std::min(H, h0 + kFeatureBlock), n = h1 - h0;
     for (int64_t c = 0; c < C; ++c) {
-      ops_.product(Args(a_.up, R, W, hidden_, c * H + h0, c * H + h1, g_ + c * H + h0, W));
+      ops_.product(Args(a_.up, R, W, hidden_, hidden_lanes_, c * H + h0, c * H + h1, g_ + c * H + h0, W));
     }
     for (int64_t r = 0; r < rows_; ++r) {
       HcCpuMixRow<kFeatureBlock>(m_, ops_, g_ + r * W + h0, hn_ + r * W + h0, n, a_.pre_output + (row0_ + r) * H + h0);
@@ -125,6 +154,8 @@ class Pass {
   float* g_;       // rows x W: up's sums, then g
   float* di_;      // rows x (R + C): the down/inject sums
   float* hidden_;  // rows x R
+  float* hn_lanes_;      // rows x HcNBitsLanePadded(W): hn arranged for a quantized down_inject
+  float* hidden_lanes_;  // rows x HcNBitsLanePadded(R): hidden arranged for a quantized up
 };
 
 }  // namespace

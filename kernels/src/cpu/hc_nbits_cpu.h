@@ -5,21 +5,22 @@
 // scales T [N, k_blocks] and optional zero points (packed uint8 [N, ceil(k_blocks * bits / 8)] or T
 // [N, k_blocks]; absent: 2^(bits-1)). A quantized weight is w[k, n] = (q - zero_point) * scale in fp32:
 // q and the zero point widened to fp32, one fp32 subtraction and one fp32 multiplication (both exact
-// unless the scales or zero points are float32 values that need more bits). It is dequantized a tile
-// of 16 rows of k by one vector of columns at a time, in registers or a small stack tile, straight
-// from B (never into a dequantized copy of the matrix), and enters the products as fp32.
+// unless the scales or zero points are float32 values that need more bits). It is dequantized 32 k of one
+// column at a time (one chunk), in registers, straight from B (never into a dequantized copy of the
+// matrix), and enters the products as fp32.
 //
-// Order and rounding points are hcfuse/reference.py's, operation for operation: every dot product
-// accumulates sequentially over k from 0 with a separately rounded multiply and add (no FMA: the
-// product of a T activation and an fp32 weight is not exact in fp32, so FMA would change bits), the
-// norm's sum of squares sequentially over h, branches summed in order, sigmoid from a correctly
-// rounded exp, each step rounded to T where the contract says. The outputs are therefore bitwise
-// equal to hcfuse.reference.steps_f32_weights on the dequantized weights for every T, every
-// instruction set, row count and thread count (tests/kernels/test_nbits_cpu.py).
+// Order and rounding points are hcfuse/reference_nbits.py's, operation for operation: every product step
+// is a separately rounded multiply and add (no FMA: the product of a T activation and an fp32 weight is
+// not exact in fp32, so FMA would change bits); a dense projection's dot products accumulate sequentially
+// over k from 0, a quantized one's in lane order (32 lanes of k mod 32, each sequential, then a fixed
+// tree); the norm's sum of squares runs sequentially over h, branches are summed in order, sigmoid comes
+// from a correctly rounded exp, each step is rounded to T where the contract says. The outputs are
+// therefore bitwise equal to hcfuse.reference_nbits for every T, every instruction set, row count and
+// thread count (tests/kernels/test_nbits_cpu.py).
 //
 // Work is split over output elements only: the norm per (rows, branch), the down/inject product and
 // its epilogue per block of its R + C columns, the up product and pre_output per block of features h
-// (all C branches of them). Rows go in passes of kHcCpuRowsPerPass that share each dequantized tile.
+// (all C branches of them). Rows go in passes of kHcCpuRowsPerPass that share each dequantized chunk.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,11 @@ struct HcNBitsProjection {
   const uint8_t* zero_points = nullptr;  // packed [N, zero_point_bytes], or
   const T* zero_points_t = nullptr;      // T [N, k_blocks]; neither: 2^(bits-1)
 };
+
+// The lanes of a quantized projection's dot products (hcfuse.reference_nbits.LANES): lane j sums the k = j
+// (mod 32) in ascending k, then a fixed tree adds the lanes.
+inline constexpr int64_t kHcNBitsLanes = 32;
+inline int64_t HcNBitsLanePadded(int64_t K) { return (K + kHcNBitsLanes - 1) / kHcNBitsLanes * kHcNBitsLanes; }
 
 struct HcNBitsParams {
   HcLowRankMixParams mix;  // rows, C, H, R, attributes, prologue, streams_out
@@ -62,11 +68,12 @@ struct HcNBitsTensors {
   T* streams_out = nullptr;              // (rows, C*H), with mix.has_streams_out
 };
 
-// fp32 scratch for one pass: hn and g (rows x C*H), the down/inject sums (rows x (R + C)), hidden (rows x R).
+// fp32 scratch for one pass: hn and g (rows x C*H), the down/inject sums (rows x (R + C)), hidden (rows x R),
+// and hn and hidden arranged for the quantized products (rows x C*H and rows x R, padded to whole chunks of lanes).
 inline int64_t HcNBitsCpuScratchFloats(const HcNBitsParams& p) {
   const HcLowRankMixParams& m = p.mix;
   const int64_t rows = m.rows < kHcCpuRowsPerPass ? m.rows : kHcCpuRowsPerPass;
-  return rows * (2 * m.width() + 2 * m.R + m.C);
+  return rows * (2 * m.width() + 2 * m.R + m.C + HcNBitsLanePadded(m.width()) + HcNBitsLanePadded(m.R));
 }
 
 // Computes the op for all p.mix.rows rows. The shapes behind every pointer are the caller's to have
