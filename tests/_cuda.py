@@ -106,17 +106,3 @@ def fused_chain_model(weight_sets: list[dict[str, np.ndarray]], num_blocks: int,
         [helper.make_tensor_value_info(n, elem, ["rows", widths[n]]) for n in OUTPUTS], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET), helper.make_opsetid(DOMAIN, 1)],
                              ir_version=IR_VERSION)
-
-
-def nbits_cuda_kernel_registered(library: str) -> bool:
-    """Whether library registers the quantized op's CUDA kernel (a CUDA build with HCFUSE_NBITS_CUDA): only
-    then does a CUDA session of one such node build with CPU fallback disabled."""
-    from hcfuse.models.nbits import make_nbits_node_model, random_nbits_weights
-
-    rng = np.random.default_rng(0)
-    model = make_nbits_node_model(random_nbits_weights(2, 16, 4, np.float16, rng), C=2, dtype=np.float16)
-    try:
-        inference_session(model, [(CUDA, {})], library=library, config={"session.disable_cpu_ep_fallback": "1"})
-    except Exception:  # noqa: BLE001 - onnxruntime's error for a node left to the CPU provider
-        return False
-    return True

@@ -79,7 +79,12 @@ def _reference(feeds, weights, C):
             "pre_scale": scale}
 
 
-def _assert_pre_output_close(got, expected, scale, what, bound=ULP_BOUND, min_exact=0.95):
+# The share of pre_output cells the fast path gives bit for bit, where its sums' order flips a rounding to T now and
+# then: measured down to 94.9% (float16, 1 row, H = 1024, H100); a missing or extra rounding to T gives far fewer.
+MIN_EXACT = 0.9
+
+
+def _assert_pre_output_close(got, expected, scale, what, bound=ULP_BOUND, min_exact=MIN_EXACT):
     """|got - expected| <= bound ulp of T at the terms' scale, and >= min_exact of the cells bit-exact."""
     eps = float(ml_dtypes.finfo(expected.dtype).eps)
     tiny = float(ml_dtypes.finfo(expected.dtype).tiny)

@@ -299,21 +299,3 @@ def test_answers_in_ai_hcfuse_not_com_microsoft(make_session, rng):
         make_session(model)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["float16", "bfloat16"])
-def test_cuda_session_without_the_cuda_kernel_runs_the_cpu_kernel(make_session, hcfuse_lib, rng, dtype):
-    """A library built without HCFUSE_NBITS_CUDA registers no CUDA kernel of the op, so a CUDA session places
-    the node on the CPU provider (onnxruntime copies its inputs and outputs across) and gives the CPU kernel's
-    bits."""
-    from hcfuse.checking._session import CUDA
-    from tests._cuda import nbits_cuda_kernel_registered
-
-    if nbits_cuda_kernel_registered(hcfuse_lib):
-        pytest.skip("the library registers the CUDA kernel (test_nbits_cuda checks it)")
-    C, H, R = 4, 64, 16
-    feeds = random_nbits_inputs(C, H, R, dtype, rng, zp="packed", lead=(3,), prologue=True)
-    weights = [n for n in feeds if n not in ACTIVATIONS]
-    sess = make_session(nbits_model(feeds, C=C, dtype=dtype, initializers=weights), CUDA)
-    got = run_bound(sess, {k: v for k, v in feeds.items() if k in ACTIVATIONS})
-    for name, value in reference(feeds, C=C).items():
-        assert_bitwise_equal(got[name], value, f"{name} from a CUDA session")

@@ -30,7 +30,7 @@ from hcfuse.models.hc_block import random_activations
 from hcfuse.models.nbits import make_nbits_node_model, random_nbits_weights
 from hcfuse.reference_nbits import hc_lowrank_mix_nbits_steps, projection_f32
 from tests._compare import BFLOAT16, assert_bitwise_equal, assert_within_bounds, run_bound, to_ort_value
-from tests._cuda import compute_capability, device_to_host, nbits_cuda_kernel_registered
+from tests._cuda import compute_capability, device_to_host
 from tests.kernels.test_kernels_cuda import _require_dtype
 from tests.kernels.test_nbits_cpu import (
     ACTIVATIONS,
@@ -46,13 +46,6 @@ from tests.kernels.test_nbits_cpu import (
 
 pytestmark = pytest.mark.cuda
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _kernel_registered(hcfuse_lib):
-    """The kernel is registered only in builds with HCFUSE_NBITS_CUDA (kernels/CMakeLists.txt; the GPU checks'
-    build has it): elsewhere test_nbits_cpu checks that a CUDA session runs the node on the CPU kernel."""
-    if not nbits_cuda_kernel_registered(hcfuse_lib):
-        pytest.skip("the library does not register the quantized op's CUDA kernel (built without HCFUSE_NBITS_CUDA)")
 
 NO_CPU_FALLBACK = {"session.disable_cpu_ep_fallback": "1"}
 QWEN = QWEN_SHAPE

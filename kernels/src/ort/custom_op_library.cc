@@ -1,7 +1,6 @@
 // The library's one exported entry point: ONNX Runtime calls RegisterCustomOps when a session's
 // options register this library. It adds com.microsoft::HyperConnectionLowRankMix for every
-// provider built in, and ai.hcfuse::HyperConnectionLowRankMixNBits for the CPU provider and, in a
-// CUDA build with HCFUSE_NBITS_CUDA, the CUDA provider. The ORT API comes from the pointer ORT passes (ORT_API_MANUAL_INIT:
+// provider built in, and ai.hcfuse::HyperConnectionLowRankMixNBits likewise. The ORT API comes from the pointer ORT passes (ORT_API_MANUAL_INIT:
 // no link against libonnxruntime), and no exception crosses this C boundary.
 #include <cstdio>
 #include <memory>
@@ -50,12 +49,10 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   try {
     Ort::CustomOpDomain domain{kDomain};
     hcfuse::RegisterCpuOps(domain);
-#ifdef HCFUSE_WITH_CUDA
-    hcfuse::RegisterCudaOps(domain);
-#endif
     Ort::CustomOpDomain nbits_domain{hcfuse::kNBitsDomain};
     hcfuse::RegisterNBitsCpuOps(nbits_domain);
-#if defined(HCFUSE_WITH_CUDA) && defined(HCFUSE_NBITS_CUDA)  // CMake option HCFUSE_NBITS_CUDA (CMakeLists.txt)
+#ifdef HCFUSE_WITH_CUDA
+    hcfuse::RegisterCudaOps(domain);
     hcfuse::RegisterNBitsCudaOps(nbits_domain);
 #endif
     Ort::UnownedSessionOptions session_options(options);
