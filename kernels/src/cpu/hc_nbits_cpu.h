@@ -16,7 +16,8 @@
 // tree); the norm's sum of squares runs sequentially over h, branches are summed in order, sigmoid comes
 // from a correctly rounded exp, each step is rounded to T where the contract says. The outputs are
 // therefore bitwise equal to hcfuse.reference_nbits for every T, every instruction set, row count and
-// thread count (tests/kernels/test_nbits_cpu.py).
+// thread count (tests/kernels/test_nbits_cpu.py against the reference, test_nbits_isa.py across instruction
+// sets).
 //
 // Work is split over output elements only: the norm per (rows, branch), the down/inject product and
 // its epilogue per block of its R + C columns, the up product and pre_output per block of features h
