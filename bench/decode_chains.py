@@ -42,7 +42,9 @@ DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float1
 # 32 x 3.7 MB = 119 MB, where 8 sets, 30 MB, would be served from the L2)
 WEIGHT_SETS = {"dense": 8, "int4": 32}
 STOCK = {"stock": "dense", "stock-int4": "int4"}  # the unfused variants and the format they unfuse
-FUSED_INT4 = ("nbits",)  # fused variants of the int4 format (every other fused variant is dense)
+# fused variants of the int4 format (every other fused variant is dense): the quantized op on the path it picks,
+# and pinned to its general kernels
+FUSED_INT4 = ("nbits", "nbits-general")
 
 
 def variant_format(variant: str) -> str:

@@ -242,3 +242,47 @@ def test_unknown_shared_memory_figures_pad_nothing(plan):
     p = plan(rows=1)  # the probe's default device leaves them 0, as a device that does not report them
     assert p["real_shape_kernels"] is True
     assert (p["stage1_shared_bytes"], p["stage2_shared_bytes"]) == (stage1_bytes(1), stage2_bytes(1))
+
+
+# ---- the quantized op (HcFastRequest::quant_block_size): 4-bit weights in registers, no weight tiles
+
+# Stage 1: K slices of 64 features (two groups of 32 k), 40 CTAs per branch, 160 in clusters of 8 (20
+# partial groups). Its shared memory: no tile; A 2*(rt+1)*72 + scale 128 + S 4*rt*64 + part sums 4*8*rt +
+# reduction 4*8*rt*48 = 272 + 1968 * rt. Stage 2: 160 CTAs of 16 features as the dense op, no tile; the
+# second K half's sums 4 * (64 / 16) * 2 * 32 * 4 = 4096 + A 2*rt*328 + hn 2*rt*64 + g 4*rt*64 + 8.
+@pytest.mark.parametrize("block_size", [32, 128])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16])
+def test_quantized_real_shape_plan(plan, rows, block_size):
+    p = plan(rows=rows, quant=block_size)
+    assert p["ok"] and p["reason"] == "", p
+    assert (p["cluster"], p["use_pdl"], p["real_shape_kernels"]) == (8, True, False)
+    assert (p["stage1_ctas"], p["stage2_ctas"]) == (160, 160)
+    d = p["dims"]
+    assert (d["ks"], d["cpb"], d["groups"], d["g4"], d["per1"], d["hs"], d["n2"], d["block_size"]) == (
+        64, 40, 20, 20, 48, 16, 64, block_size)
+    assert p["stage1_shared_bytes"] == 272 + 1968 * rows
+    assert p["stage2_shared_bytes"] == 4104 + 1040 * rows
+    assert p["scratch"]["hn"] == align256(rows * 324 * 20 * 4)
+    assert p["scratch"]["total"] == p["scratch"]["hn"] + align256(rows * 10240 * 2)
+
+
+@pytest.mark.parametrize("settings, reason", [
+    ({"quant": 16}, "block_size >= 32"),
+    ({"R": 336}, "R a multiple of 32"),
+    ({"R": 384}, "at most 352"),
+    ({"H": 2592}, "H a multiple of 64"),
+    ({"C": 8}, "no stage 2 tiling"),  # 128 columns a CTA: two warps a 16-column tile need at most 64
+    ({"elem": 4}, "float16 and bfloat16 only"),
+    ({"rows": 17}, "more than 16 rows"),
+])
+def test_quantized_plan_refusals(plan, settings, reason):
+    p = plan(**{"quant": 32, **settings})
+    assert not p["ok"] and reason in p["reason"], p
+
+
+def test_quantized_plan_small_shapes_and_forced_rows(plan):
+    small = plan(rows=3, C=4, H=128, R=32, quant=32)  # two slices a branch: sums of squares not shared
+    assert small["ok"] and (small["stage1_ctas"], small["dims"]["ks"], small["dims"]["ss_local"]) == (8, 64, True)
+    assert small["dims"]["n2"] <= 64
+    assert plan(rows=40, quant=32, forced=1)["ok"]
+    assert plan(rows=1, sm=80, quant=32)["cluster"] == 1

@@ -1,5 +1,6 @@
-"""The CUDA kernel of ai.hcfuse::HyperConnectionLowRankMixNBits (kernels/src/cuda/nbits/) inside onnxruntime
-CUDA sessions against hcfuse.reference_nbits.
+"""The general CUDA kernels of ai.hcfuse::HyperConnectionLowRankMixNBits (kernels/src/cuda/nbits/) inside
+onnxruntime CUDA sessions against hcfuse.reference_nbits. Every session here sets HCFUSE_FORCE_PATH=general (the
+decode-sized 4-bit calls the glue would give the fast path's quantized kernels: test_nbits_fast_cuda.py).
 
 Every session here is made with session.disable_cpu_ep_fallback, so it cannot be built unless the node runs
 on the CUDA provider (test_the_node_runs_on_cuda shows that the setting refuses a node left to the CPU).
@@ -48,6 +49,12 @@ pytestmark = pytest.mark.cuda
 
 
 NO_CPU_FALLBACK = {"session.disable_cpu_ep_fallback": "1"}
+
+
+@pytest.fixture(autouse=True)
+def general_path(monkeypatch):
+    """Sessions of this module run the general kernels (read when a session's kernel is made)."""
+    monkeypatch.setenv("HCFUSE_FORCE_PATH", "general")
 QWEN = QWEN_SHAPE
 SLICE_K = 128  # kHcNBitsSliceK
 CHUNK_ROWS = 256  # kHcNBitsChunkRows

@@ -74,6 +74,21 @@ inline bool ReadDebugFlag() {
   return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
 }
 
+enum class PathChoice { kAuto, kGeneral, kFast };
+
+// HCFUSE_FORCE_PATH=general|fast pins the path of both ops (each path meets the numerics contract); unset or
+// empty lets the glue choose. With HCFUSE_DEBUG, the only variables the library reads (builds with
+// HCFUSE_DEV_KNOBS read benchmark switches too).
+inline PathChoice ReadForcedPath(const char* op_name) {
+  const char* value = std::getenv("HCFUSE_FORCE_PATH");
+  if (value == nullptr || *value == '\0') return PathChoice::kAuto;
+  if (std::strcmp(value, "general") == 0) return PathChoice::kGeneral;
+  if (std::strcmp(value, "fast") == 0) return PathChoice::kFast;
+  throw Ort::Exception(std::string(op_name) + ": HCFUSE_FORCE_PATH must be 'general' or 'fast' (or unset); got '" +
+                           value + "'",
+                       ORT_INVALID_ARGUMENT);
+}
+
 // Scratch returned to ORT's allocator when the call ends. Reuse by later kernels is ordered behind ours on
 // the same compute stream, as for ORT's own scratch buffers.
 using CudaScratch = std::unique_ptr<void, std::function<void(void*)>>;

@@ -1,7 +1,9 @@
 // CUDAExecutionProvider kernel of ai.hcfuse::HyperConnectionLowRankMixNBits (float, float16, bfloat16): the
 // call checked and its outputs allocated as on the CPU (PrepareHcNBitsCall, hc_lowrank_mix_nbits_op.h),
-// scratch from ORT's CUDA allocator, the kernels (cuda/nbits/hc_nbits_cuda.h) launched on ORT's compute
-// stream. It never synchronizes the host and keeps no state beyond the node's attributes and device, so
+// scratch from ORT's CUDA allocator, the kernels launched on ORT's compute stream: the fast path's quantized
+// kernels (cuda/fast/hc_fast_path.h: float16 and bfloat16, 4 bits, both projections quantized, no zero points
+// of T, block_size >= 32, decode-sized row counts, the shapes HcFastPlanFor takes) or else the general
+// quantized kernels (cuda/nbits/hc_nbits_cuda.h). HCFUSE_FORCE_PATH=general|fast pins one. It never synchronizes the host and keeps no state beyond the node's attributes and device, so
 // the op is CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch; a product
 // reads its quantized weight before the kernel before it has ended only where B, scales and zero points are
 // constant initializers (never written), everything else after.
@@ -11,8 +13,11 @@
 
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common/hc_device_caps.h"
+#include "cuda/fast/hc_fast_path.h"
+#include "cuda/fast/hc_fast_plan.h"
 #include "cuda/nbits/hc_nbits_cuda.h"
 #include "ort/cuda_glue.h"
 #include "ort/hc_lowrank_mix_nbits_op.h"
@@ -25,7 +30,7 @@ struct NBitsCudaKernel {
   using S = typename CudaTypeOf<T>::type;
 
   NBitsCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const HcNBitsAttrs& attrs)
-      : attrs_(attrs), debug_(ReadDebugFlag()) {
+      : attrs_(attrs), forced_(ReadForcedPath(kNBitsOpName)), debug_(ReadDebugFlag()) {
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice", kNBitsOpName);
     ThrowIfCudaFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)",
                       kNBitsOpName);
@@ -34,6 +39,8 @@ struct NBitsCudaKernel {
     options_.down_inject_constant =
         options_.pdl && InputsAreConstant(api, info, kDownInjectWeight, kDownInjectWeight + 3);
     options_.up_constant = options_.pdl && InputsAreConstant(api, info, kUpWeight, kUpWeight + 3);
+    fast_weights_constant_ = options_.down_inject_constant && options_.up_constant &&
+                             InputsAreConstant(api, info, kNormScale, kNormScale + 1);
   }
 
   Ort::Status Compute(OrtKernelContext* context) {
@@ -44,8 +51,17 @@ struct NBitsCudaKernel {
 
     const HcNBitsTensors<S> tensors = call.template Tensors<S>();
 
-    if (debug_) PrintCall(call);
     auto stream = static_cast<cudaStream_t>(Ort::KernelContext(context).GetGPUComputeStream());
+    const HcFastPlan plan = forced_ == PathChoice::kGeneral ? HcFastPlanRefused("HCFUSE_FORCE_PATH=general")
+                                                            : PlanFast(call, tensors);
+    if (forced_ == PathChoice::kFast && !plan.ok()) {
+      return Ort::Status((std::string(kNBitsOpName) + " (CUDA): HCFUSE_FORCE_PATH=fast, but the fast path cannot run "
+                                                      "this call: " + plan.reason)
+                             .c_str(),
+                         ORT_FAIL);
+    }
+    if (debug_) PrintCall(call, plan);
+    if (plan.ok()) return RunFast(context, params, tensors, plan, stream);
     const CudaScratch scratch =
         AllocateCudaScratch(context, device_, cuda::HcNBitsScratchBytes<S>(params), kNBitsOpName);
     const cuda::HcLaunchStatus s = cuda::LaunchHcNBits<S>(params, tensors, scratch.get(), options_, stream);
@@ -55,8 +71,61 @@ struct NBitsCudaKernel {
   }
 
  private:
-  // HCFUSE_DEBUG's line: the call and where each projection's weights are read.
-  void PrintCall(const HcNBitsCall<T>& call) const {
+  // The fast path's plan, or why it does not run the call.
+  HcFastPlan PlanFast(const HcNBitsCall<T>& call, const HcNBitsTensors<S>& t) const {
+    const HcNBitsForm& f = call.form;
+    if constexpr (std::is_same_v<S, float>) return HcFastPlanRefused("the fast path runs float16 and bfloat16 only");
+    if (f.params.bits != 4) return HcFastPlanRefused("the quantized fast path runs 4 bits only");
+    if (!f.down_inject.quantized || !f.up.quantized) {
+      return HcFastPlanRefused("the quantized fast path needs both projections quantized");
+    }
+    if (f.down_inject.zero_points == HcNBitsTensorInfo::kT || f.up.zero_points == HcNBitsTensorInfo::kT) {
+      return HcFastPlanRefused("the quantized fast path takes packed uint8 zero points or none, not T");
+    }
+    HcFastRequest request;
+    request.element_bytes = static_cast<int>(sizeof(S));
+    request.pointers_aligned = cuda::HcFastTensorsAligned(DenseTensors(t));
+    request.forced = forced_ == PathChoice::kFast;
+    request.quant_block_size = f.params.block_size;
+    return HcFastPlanFor(f.params.mix, caps_, HcFastTuning{}, request);
+  }
+
+  // The call's tensors but its weights (the fast path's quantized kernels take those from HcFastQuant).
+  static cuda::HcDeviceTensors<S> DenseTensors(const HcNBitsTensors<S>& t) {
+    cuda::HcDeviceTensors<S> d;
+    d.streams = t.streams;
+    d.norm_scale = t.norm_scale;
+    d.prev_block_output = t.prev_block_output;
+    d.prev_post_gate = t.prev_post_gate;
+    d.pre_output = t.pre_output;
+    d.post_gate = t.post_gate;
+    d.streams_out = t.streams_out;
+    return d;
+  }
+
+  static HcFastQuantWeights<S> QuantWeights(const HcNBitsProjection<S>& p) { return {p.q, p.scales, p.zero_points}; }
+
+  Ort::Status RunFast(OrtKernelContext* context, const HcNBitsParams& params, const HcNBitsTensors<S>& t,
+                      const HcFastPlan& plan, cudaStream_t stream) {
+    if constexpr (std::is_same_v<S, float>) {
+      return Ort::Status((std::string(kNBitsOpName) + " (CUDA): the fast path has no float kernel").c_str(),
+                         ORT_RUNTIME_EXCEPTION);
+    } else {
+      const CudaScratch scratch = AllocateCudaScratch(context, device_, plan.scratch.total, kNBitsOpName);
+      if (debug_) {
+        std::fprintf(stderr, "hcfuse: %s fast path: %s\n", kNBitsOpName, cuda::HcFastLaunchSummary<S>(plan).c_str());
+      }
+      const HcFastQuant<S> quant{QuantWeights(t.down_inject), QuantWeights(t.up)};
+      const cuda::HcLaunchStatus s = cuda::LaunchHcFastQuant<S>(params.mix, DenseTensors(t), quant, scratch.get(),
+                                                                 plan, stream, fast_weights_constant_);
+      if (s.ok()) return Ort::Status{nullptr};
+      return Ort::Status((std::string(kNBitsOpName) + " (CUDA): LaunchHcFastQuant failed: " + s.Message()).c_str(),
+                         ORT_RUNTIME_EXCEPTION);
+    }
+  }
+
+  // HCFUSE_DEBUG's line: the call, the path and where each projection's weights are read.
+  void PrintCall(const HcNBitsCall<T>& call, const HcFastPlan& plan) const {
     const HcLowRankMixParams& m = call.form.params.mix;
     auto where = [&](const HcNBitsProjectionForm& f, bool constant) {
       return !f.quantized      ? "dense"
@@ -66,15 +135,18 @@ struct NBitsCudaKernel {
     };
     const auto ll = [](int64_t v) { return static_cast<long long>(v); };
     std::fprintf(stderr,
-                 "hcfuse: %s %s rows=%lld C=%lld H=%lld R=%lld bits=%lld block_size=%lld sm_%d%d: CUDA kernel, "
+                 "hcfuse: %s %s rows=%lld C=%lld H=%lld R=%lld bits=%lld block_size=%lld sm_%d%d: %s path (%s), "
                  "PDL %s; down_inject %s; up %s\n",
                  kNBitsOpName, CudaTypeOf<T>::name, ll(m.rows), ll(m.C), ll(m.H), ll(m.R), ll(call.form.params.bits),
-                 ll(call.form.params.block_size), caps_.sm_major, caps_.sm_minor, options_.pdl ? "on" : "off",
+                 ll(call.form.params.block_size), caps_.sm_major, caps_.sm_minor, plan.ok() ? "fast" : "general",
+                 plan.ok() ? "decode-sized" : plan.reason.c_str(), options_.pdl ? "on" : "off",
                  where(call.form.down_inject, options_.down_inject_constant), where(call.form.up, options_.up_constant));
   }
 
   HcNBitsAttrs attrs_;
+  const PathChoice forced_;
   const bool debug_;
+  bool fast_weights_constant_ = false;  // norm_scale and every quantized weight input: read before the wait
   int device_ = 0;
   HcDeviceCaps caps_;  // read once: whether the kernels run their sm_90 code (PDL)
   cuda::HcNBitsLaunchOptions options_;

@@ -28,21 +28,6 @@ namespace {
 
 constexpr const char* kCudaProvider = "CUDAExecutionProvider";
 
-enum class PathChoice { kAuto, kGeneral, kFast };
-
-// HCFUSE_FORCE_PATH=general|fast pins the path (both meet the numerics contract); unset or empty lets
-// the glue choose. With HCFUSE_DEBUG, the only variables the library reads (builds with HCFUSE_DEV_KNOBS
-// read the switches below too).
-PathChoice ReadForcedPath() {
-  const char* value = std::getenv("HCFUSE_FORCE_PATH");
-  if (value == nullptr || *value == '\0') return PathChoice::kAuto;
-  if (std::strcmp(value, "general") == 0) return PathChoice::kGeneral;
-  if (std::strcmp(value, "fast") == 0) return PathChoice::kFast;
-  throw Ort::Exception(std::string(kOpName) + ": HCFUSE_FORCE_PATH must be 'general' or 'fast' (or unset); got '" +
-                           value + "'",
-                       ORT_INVALID_ARGUMENT);
-}
-
 #if defined(HCFUSE_DEV_KNOBS)
 // Benchmark and test switches, compiled in only with the CMake option HCFUSE_DEV_KNOBS (off in the
 // shipped library, which runs the defaults). None changes a result except HCFUSE_UP_GATE (the general
@@ -111,7 +96,7 @@ class CudaProvider {
   static constexpr bool kHasFastPath = !std::is_same_v<CT, float>;  // the fast path is fp16/bf16 only
 
   CudaProvider(const OrtApi& api, const OrtKernelInfo* info)
-      : forced_(ReadForcedPath()),
+      : forced_(ReadForcedPath(kOpName)),
         debug_(ReadDebugFlag()),
         tuning_(ReadFastTuning()),
         general_(ReadGeneralOptions()),

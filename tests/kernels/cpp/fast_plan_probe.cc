@@ -2,8 +2,8 @@
 // object, for tests/kernels/test_fast_plan.py: built with the host compiler alone (no CUDA), so the path
 // choice and the tiling are checked on any machine.
 //   fast_plan_probe KEY=VALUE...   shape: rows C H R prologue; device: sm (e.g. 90) smem (opt-in bytes
-//   per block) smem_sm smem_reserved; call: elem (bytes) aligned forced; tuning: ss_local hidden_local
-//   ahead real_shape stage2.
+//   per block) smem_sm smem_reserved; call: elem (bytes) aligned forced quant (the quantized op's
+//   block_size, 0: dense); tuning: ss_local hidden_local ahead real_shape stage2.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     else if (key == "elem") request.element_bytes = static_cast<int>(v);
     else if (key == "aligned") request.pointers_aligned = v != 0;
     else if (key == "forced") request.forced = v != 0;
+    else if (key == "quant") request.quant_block_size = v;
     else if (key == "ss_local") tuning.ss_local_max_rows = v;
     else if (key == "hidden_local") tuning.hidden_local_max_rows = v;
     else {
@@ -91,9 +92,10 @@ int main(int argc, char** argv) {
     const hcfuse::HcFastClusterDims& d = plan.cluster_dims;
     std::printf(", \"dims\": {\"rows\": %d, \"rt\": %d, \"cpb\": %d, \"ks\": %d, \"groups\": %d, \"g4\": %d"
                 ", \"hs\": %d, \"piece\": %d, \"per1\": %d, \"per2\": %d, \"ss_parts\": %d, \"ss_local\": %s"
-                ", \"hidden_local\": %s, \"has_prologue\": %s}",
+                ", \"hidden_local\": %s, \"has_prologue\": %s, \"block_size\": %d, \"n2\": %d}",
                 d.rows, d.rt, d.cpb, d.ks, d.groups, d.g4, d.hs, d.piece, d.per1, d.per2, d.ss_parts,
-                d.ss_local ? "true" : "false", d.hidden_local ? "true" : "false", d.has_prologue ? "true" : "false");
+                d.ss_local ? "true" : "false", d.hidden_local ? "true" : "false", d.has_prologue ? "true" : "false",
+                d.block_size, d.n2);
   }
   std::printf("}\n");
   return 0;

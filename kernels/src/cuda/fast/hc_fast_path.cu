@@ -27,6 +27,7 @@
 #include "cuda/common/hc_common.cuh"
 #include "cuda/fast/hc_fast_device.cuh"
 #include "cuda/fast/hc_fast_plan.h"
+#include "cuda/fast/hc_fast_quant.cuh"
 
 namespace hcfuse {
 namespace {
@@ -55,6 +56,7 @@ struct RealShapeDims : FastDims {
                        g4 = S::g4;
   static constexpr int hs = S::hs, n2 = S::n2, ldu = S::ldu, piece = S::piece, rp = S::rp, lda2 = S::lda2,
                        per2 = S::per2;
+  static constexpr int block_size = 0;  // dense weights
   static RealShapeDims From(const FastDims& d) {
     RealShapeDims r;
     static_cast<FastDims&>(r) = d;
@@ -78,10 +80,13 @@ struct RegWeightSteps<D, true> {
 
 // REGW (the real shape's tiling only; same bits): the down weights go from global memory straight into
 // registers as mma fragments (DownWeightRegs), not through a shared-memory tile (the weights are then
-// read from shared memory by no product).
-template <typename T, int CL, bool PRO, typename D, bool REGW>
-__device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d, float* __restrict__ partials,
-                                           T* __restrict__ hn_out, bool weights_are_constant) {
+// read from shared memory by no product). QUANT (the quantized op): [down | inject] from `quant`'s 4-bit
+// bytes in registers (QuantSliceRegs), every column tile of the CTA in one pass of the warps; ZP: its zero
+// points may be given (else none are read).
+template <typename T, int CL, bool PRO, typename D, bool REGW, bool QUANT, bool ZP = false>
+__device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFastQuant<T>& quant, const D& d,
+                                           float* __restrict__ partials, T* __restrict__ hn_out,
+                                           bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   TimelineMark(d.timeline, d.slot, kTimelineStart);
   const Stage1Layout layout(d, CL);
@@ -107,9 +112,18 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
   for (int idx = tid; idx < d.lda1; idx += blockDim.x) a_tile[d.rt * d.lda1 + idx] = FromFloat<T>(0.0f);
 
   DownWeightRegs<RegWeightSteps<D, REGW>::value> wregs;
+  const int ntiles = d.R / 8 + 1;  // down's column tiles, then inject's (padded)
+  // QUANT: warp w's tiles w, w + warps, ... (at most 4: R + C <= 384), each lane's words in registers
+  constexpr int kQuantTiles = 4;  // (QUANT's product below takes tiles 0 .. 3)
+  QuantSliceRegs<T, QUANT ? kQuantTiles : 1, static_cast<int>(kHcFastQuantKs) / kQuantGroupK, ZP> qregs;
+  int quant_n0[kQuantTiles];
+#pragma unroll
+  for (int u = 0; u < kQuantTiles; ++u) quant_n0[u] = warp + u * num_warps < ntiles ? (warp + u * num_warps) * 8 : -1;
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
-    if constexpr (REGW) {
+    if constexpr (QUANT) {
+      qregs.Load(quant.down_inject, d.K, d.np, d.block_size, k0, quant_n0, lane);
+    } else if constexpr (REGW) {
       wregs.Load(args.down_weight + static_cast<size_t>(k0) * d.R, d.R, warp, lane);
     } else {
       const int chunks = d.R / 8;  // 16-byte pieces of a down_weight row
@@ -118,10 +132,12 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
         CpAsync<16>(tile + k * d.ldb1 + j, args.down_weight + static_cast<size_t>(k0 + k) * d.R + j);
       }
     }
-    const int pieces = d.C / 4;  // 8-byte pieces of an inject_weight row
-    for (int idx = tid; idx < d.ks * pieces; idx += blockDim.x) {
-      const int k = idx / pieces, j = (idx % pieces) * 4;
-      CpAsync<8>(tile + k * d.ldb1 + d.R + j, args.inject_weight + static_cast<size_t>(k0 + k) * d.C + j);
+    if constexpr (!QUANT) {
+      const int pieces = d.C / 4;  // 8-byte pieces of an inject_weight row
+      for (int idx = tid; idx < d.ks * pieces; idx += blockDim.x) {
+        const int k = idx / pieces, j = (idx % pieces) * 4;
+        CpAsync<8>(tile + k * d.ldb1 + d.R + j, args.inject_weight + static_cast<size_t>(k0 + k) * d.C + j);
+      }
     }
     for (int idx = tid; idx < d.ks / 4; idx += blockDim.x) CpAsync<8>(scale + idx * 4, args.norm_scale + k0 + idx * 4);
     CpAsyncCommit();
@@ -144,7 +160,6 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
     *reinterpret_cast<float4*>(s_slice + i * d.ks + q) = make_float4(s[0], s[1], s[2], s[3]);
   };
   const int ksteps = d.ks / 16;
-  const int ntiles = d.R / 8 + 1;          // down's column tiles, then inject's (padded)
   const int c_begin = rank * d.per1, c_len = max(0, min(d.np, c_begin + d.per1) - c_begin);
   const int group = blockIdx.x / CL;
 
@@ -256,7 +271,18 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
         if (i < nr) *reinterpret_cast<float2*>(dst + i * d.per1) = make_float2(acc[2 * half], acc[2 * half + 1]);
       }
     };
-    if constexpr (REGW) {
+    if constexpr (QUANT) {
+      auto tile_u = [&](auto u) {  // every lane of the warp takes part (shuffles), also for a missing tile
+        float acc[4];
+        qregs.template MultiplyTile<decltype(u)::value>(a_tile, d.rt, d.lda1, acc);
+        if (quant_n0[u] >= 0) scatter_tile(quant_n0[u], acc);
+      };
+      tile_u(std::integral_constant<int, 0>{});
+      tile_u(std::integral_constant<int, 1>{});
+      tile_u(std::integral_constant<int, 2>{});
+      tile_u(std::integral_constant<int, 3>{});
+      if (r0 == 0 && warp == 0) TimelineMark(d.timeline, d.slot, kPhase5);  // warp 0's tiles multiplied
+    } else if constexpr (REGW) {
       // warps 0 .. R/32 - 1: 32 down columns each from their registers; the next warp: inject's padded tile
       if (warp < d.R / 32) {
         float acc[4][4];
@@ -340,7 +366,16 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const D& d
 template <typename T, int CL, bool PRO>
 __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
     HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant) {
-  Stage1Body<T, CL, PRO, FastDims, false>(args, d, partials, hn_out, weights_are_constant);
+  Stage1Body<T, CL, PRO, FastDims, false, false>(args, {}, d, partials, hn_out, weights_are_constant);
+}
+
+// Stage 1 of the quantized op (QUANT): [down | inject] from 4-bit weights in registers. Two CTAs an SM, as
+// stage 2 and the next stage 1 run next to each other (at most 85 registers a thread).
+template <typename T, int CL, bool PRO, bool ZP>
+__global__ void __launch_bounds__(kStage1Threads, 2) HcFastQuantStage1Kernel(
+    HcFastArgs<T> args, FastDims d, float* __restrict__ partials, T* __restrict__ hn_out, bool weights_are_constant,
+    HcFastQuant<T> quant) {
+  Stage1Body<T, CL, PRO, FastDims, false, true, ZP>(args, quant, d, partials, hn_out, weights_are_constant);
 }
 
 // Stage 1 with the down weights in registers (REGW), the real shape's tiling only. Two CTAs an SM, as the
@@ -349,15 +384,18 @@ template <typename T, int CL, bool PRO>
 __global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1RegWeightsKernel(
     HcFastArgs<T> args, RealShapeDims d, float* __restrict__ partials, T* __restrict__ hn_out,
     bool weights_are_constant) {
-  Stage1Body<T, CL, PRO, RealShapeDims, true>(args, d, partials, hn_out, weights_are_constant);
+  Stage1Body<T, CL, PRO, RealShapeDims, true, false>(args, {}, d, partials, hn_out, weights_are_constant);
 }
 
 // ------------------------------------------------------------------------------------------------
-// Stage 2.
-template <typename T, int CL, typename D = FastDims>
-__global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
-    HcFastArgs<T> args, D d, const float* __restrict__ partials, const T* __restrict__ hn_in,
-    bool weights_are_constant) {
+// Stage 2. QUANT (the quantized op): warps m and m + mtiles (mtiles = C * hs / 16) hold the 4-bit up weights
+// of the CTA's 16-column tile m in registers (QuantUpRegs), the first and the second half of up's k groups,
+// and multiply every row of the pass with them; warp m adds the second half's sums to its own (ZP: the
+// zero points may be given).
+template <typename T, int CL, typename D, bool QUANT, bool ZP = false>
+__device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFastQuant<T>& quant, const D& d,
+                                           const float* __restrict__ partials, const T* __restrict__ hn_in,
+                                           bool weights_are_constant) {
   extern __shared__ __align__(16) unsigned char smem[];
   TimelineMark(d.timeline, d.slot + 1, kTimelineStart);
   const Stage2Layout layout(d);
@@ -388,8 +426,25 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     a_tile[(idx / k_pad) * d.lda2 + d.R + idx % k_pad] = FromFloat<T>(0.0f);
   }
 
+  const int mtiles = d.n2 / 16;
+  const int quant_tile = warp % mtiles, quant_half = warp / mtiles;  // QUANT: warps below 2 * mtiles
+  QuantUpRegs<T, ZP> qup;
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
+    if constexpr (QUANT) {
+      if (quant_half < 2) {
+        int n[2];  // up's columns of the lane's tile columns g and g + 8
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int col = quant_tile * 16 + (lane >> 2) + 8 * h;
+          n[h] = (col / d.hs) * d.H + h0 + col % d.hs;
+        }
+        const int groups = d.R / kQuantGroupK, first_half = (groups + 1) / 2;
+        qup.Load(quant.up, d.R, d.block_size, quant_half * first_half, quant_half == 0 ? first_half : groups - first_half,
+                 n, lane);
+      }
+      return;
+    }
     const int pieces = d.C * segs;  // copy pieces in one row of the tile
     for (int idx = tid; idx < d.R * pieces; idx += blockDim.x) {
       const int r = idx / pieces, p = idx % pieces, c = p / segs, j = (p % segs) * d.piece;
@@ -442,7 +497,7 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     // the up product's warp tasks below: (16-column tile, 8-row group) pairs (C * hs: a multiple of 16,
     // C being 4 or 8 and hs a multiple of 4)
     const int up_items = d.n2 / 16 * ((nr + 7) / 8);
-    const int gate_first = min(up_items, num_warps - 1) * 32;
+    const int gate_first = min(QUANT ? 2 * mtiles : up_items, num_warps - 1) * 32;
     auto post_gate = [&] {
       if (!gate_cta || tid < gate_first) return;
       for (int idx = tid - gate_first; idx < nr * d.C; idx += blockDim.x - gate_first) {
@@ -478,8 +533,29 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
     // up on tensor cores with the rows on mma's N side (WarpMmaRowsN: one 16-column tile of 8 rows a warp,
     // four k chains), then g (rounding points: up, g). Against 8-column tiles of 16 rows (WarpMma, the
     // same bits) that is half the products up to 8 rows and the weights read from shared memory once.
-    const int mtiles = d.n2 / 16;
-    for (int item = warp; item < up_items; item += num_warps) {
+    if constexpr (QUANT) {
+      // the second half's sums of (tile, 8 rows) through shared memory, then the first half adds them
+      float* quant_sum = reinterpret_cast<float*>(smem + layout.quant_sum);
+      auto sum_at = [&](int xr) { return quant_sum + ((quant_tile * 2 + xr / 8) * 32 + lane) * 4; };
+      for (int xr = 0; quant_half == 1 && xr < nr; xr += 8) {
+        float acc[4];
+        qup.Multiply(a_tile, nr, d.lda2, xr, acc);
+        *reinterpret_cast<float4*>(sum_at(xr)) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      }
+      __syncthreads();
+      for (int xr = 0; quant_half == 0 && xr < nr; xr += 8) {
+        float acc[4];
+        qup.Multiply(a_tile, nr, d.lda2, xr, acc);
+        const float4 second = *reinterpret_cast<const float4*>(sum_at(xr));
+        const float sum[4] = {acc[0] + second.x, acc[1] + second.y, acc[2] + second.z, acc[3] + second.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = xr + 2 * (lane & 3) + (e & 1), col = quant_tile * 16 + (lane >> 2) + (e >> 1) * 8;
+          if (i < nr) g_s[i * d.n2 + col] = RoundToT<T>(cuda::Sigmoid(RoundToT<T>(sum[e])));
+        }
+      }
+    }
+    for (int item = warp; !QUANT && item < up_items; item += num_warps) {
       const int m0[1] = {(item % mtiles) * 16}, xr[1] = {(item / mtiles) * 8};
       float acc[1][4];
       if constexpr (kAblateMma) {
@@ -501,27 +577,52 @@ __global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
   TimelineEndOfCta(d.timeline, d.slot + 1);
 }
 
+template <typename T, int CL, typename D = FastDims>
+__global__ void __launch_bounds__(kStage2Threads) HcFastStage2Kernel(
+    HcFastArgs<T> args, D d, const float* __restrict__ partials, const T* __restrict__ hn_in,
+    bool weights_are_constant) {
+  Stage2Body<T, CL, D, false>(args, {}, d, partials, hn_in, weights_are_constant);
+}
+
+// Stage 2 of the quantized op: two CTAs an SM (at most 102 registers a thread).
+template <typename T, int CL, bool ZP>
+__global__ void __launch_bounds__(kStage2Threads, 2) HcFastQuantStage2Kernel(
+    HcFastArgs<T> args, FastDims d, const float* __restrict__ partials, const T* __restrict__ hn_in,
+    bool weights_are_constant, HcFastQuant<T> quant) {
+  Stage2Body<T, CL, FastDims, true, ZP>(args, quant, d, partials, hn_in, weights_are_constant);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Host side.
 // Launches from the plan (HcFastPlanFor, hc_fast_plan.cc), which holds the kernels' arguments.
 
-// Stage 1 and stage 2 on `stream`, from the plan: the real shape's kernels where the plan says so
-// (HcFastPlan::real_shape_kernels, clusters of 8 only), the generic ones elsewhere.
+// Stage 1 and stage 2 on `stream`, from the plan: the quantized op's kernels with `quant`, else the real
+// shape's kernels where the plan says so (HcFastPlan::real_shape_kernels, clusters of 8 only), the generic
+// ones elsewhere.
 template <typename T, int CL>
-cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastPlan& plan, void* scratch,
-                                  cudaStream_t stream, bool weights_are_constant) {
+cuda::HcLaunchStatus LaunchStages(const HcFastArgs<T>& args, const HcFastQuant<T>* quant, const HcFastPlan& plan,
+                                  void* scratch, cudaStream_t stream, bool weights_are_constant) {
   float* partials = static_cast<float*>(scratch);
   T* hn = reinterpret_cast<T*>(static_cast<char*>(scratch) + plan.scratch.hn);
   const FastDims& d = plan.cluster_dims;
-  const auto launch = [&](auto stage1, auto stage2, const auto& dims) -> cuda::HcLaunchStatus {
+  // the quantized kernels take `quant` after the dense ones' arguments
+  const auto launch = [&](auto stage1, auto stage2, const auto& dims, const auto&... extra) -> cuda::HcLaunchStatus {
     cudaError_t err = Launch(stage1, plan.stage1_ctas, kStage1Threads, plan.stage1_shared_bytes, CL, plan.use_pdl,
-                             stream, args, dims, partials, hn, weights_are_constant);
+                             stream, args, dims, partials, hn, weights_are_constant, extra...);
     if (err != cudaSuccess) return {"stage 1 kernel", err};
     err = Launch(stage2, plan.stage2_ctas, kStage2Threads, plan.stage2_shared_bytes, CL, plan.use_pdl, stream, args,
-                 dims, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant);
+                 dims, static_cast<const float*>(partials), static_cast<const T*>(hn), weights_are_constant, extra...);
     if (err != cudaSuccess) return {"stage 2 kernel", err};
     return {};
   };
+  if (quant != nullptr) {
+    if (quant->down_inject.zero_points != nullptr || quant->up.zero_points != nullptr) {
+      return launch(d.has_prologue ? HcFastQuantStage1Kernel<T, CL, true, true> : HcFastQuantStage1Kernel<T, CL, false, true>,
+                    HcFastQuantStage2Kernel<T, CL, true>, d, *quant);
+    }
+    return launch(d.has_prologue ? HcFastQuantStage1Kernel<T, CL, true, false> : HcFastQuantStage1Kernel<T, CL, false, false>,
+                  HcFastQuantStage2Kernel<T, CL, false>, d, *quant);
+  }
   if constexpr (CL == HcFastRealShape::cluster) {
     if (plan.real_shape_kernels) {
       return launch(d.has_prologue ? HcFastStage1RegWeightsKernel<T, CL, true> : HcFastStage1RegWeightsKernel<T, CL, false>,
@@ -591,19 +692,41 @@ template <typename T>
 HcLaunchStatus LaunchHcFast(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
                             const HcFastPlan& plan, cudaStream_t stream, bool weights_are_constant) {
   static_assert(sizeof(T) == 2, "the fast path is for float16 and bfloat16");
-  if (!plan.ok() || !PlannedFor(plan, params) || !HcFastTensorsAligned(tensors) || !HcFastPointersAligned({scratch})) {
+  if (!plan.ok() || !PlannedFor(plan, params) || plan.cluster_dims.block_size != 0 || !HcFastTensorsAligned(tensors) ||
+      !HcFastPointersAligned({scratch})) {
     return {"fast path plan", cudaErrorInvalidValue};
   }
   if (params.rows == 0) return {};
   return plan.cluster == kHcFastClusterSize
-             ? LaunchStages<T, kHcFastClusterSize>(tensors, plan, scratch, stream, weights_are_constant)
-             : LaunchStages<T, 1>(tensors, plan, scratch, stream, weights_are_constant);
+             ? LaunchStages<T, kHcFastClusterSize>(tensors, nullptr, plan, scratch, stream, weights_are_constant)
+             : LaunchStages<T, 1>(tensors, nullptr, plan, scratch, stream, weights_are_constant);
+}
+
+template <typename T>
+HcLaunchStatus LaunchHcFastQuant(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors,
+                                 const HcFastQuant<T>& quant, void* scratch, const HcFastPlan& plan,
+                                 cudaStream_t stream, bool weights_are_constant) {
+  if (!plan.ok() || !PlannedFor(plan, params) || plan.cluster_dims.block_size < 32 ||
+      !HcFastTensorsAligned(tensors) || !HcFastPointersAligned({scratch})) {
+    return {"fast path plan", cudaErrorInvalidValue};
+  }
+  if (params.rows == 0) return {};
+  return plan.cluster == kHcFastClusterSize
+             ? LaunchStages<T, kHcFastClusterSize>(tensors, &quant, plan, scratch, stream, weights_are_constant)
+             : LaunchStages<T, 1>(tensors, &quant, plan, scratch, stream, weights_are_constant);
 }
 
 template HcLaunchStatus LaunchHcFast<__half>(const HcLowRankMixParams&, const HcDeviceTensors<__half>&, void*,
                                              const HcFastPlan&, cudaStream_t, bool);
 template HcLaunchStatus LaunchHcFast<__nv_bfloat16>(const HcLowRankMixParams&, const HcDeviceTensors<__nv_bfloat16>&,
                                                     void*, const HcFastPlan&, cudaStream_t, bool);
+template HcLaunchStatus LaunchHcFastQuant<__half>(const HcLowRankMixParams&, const HcDeviceTensors<__half>&,
+                                                  const HcFastQuant<__half>&, void*, const HcFastPlan&, cudaStream_t,
+                                                  bool);
+template HcLaunchStatus LaunchHcFastQuant<__nv_bfloat16>(const HcLowRankMixParams&,
+                                                         const HcDeviceTensors<__nv_bfloat16>&,
+                                                         const HcFastQuant<__nv_bfloat16>&, void*, const HcFastPlan&,
+                                                         cudaStream_t, bool);
 template std::string HcFastLaunchSummary<__half>(const HcFastPlan&);
 template std::string HcFastLaunchSummary<__nv_bfloat16>(const HcFastPlan&);
 

@@ -6,6 +6,7 @@
 // Which calls it runs, and how: HcFastPlanFor (hc_fast_plan.h). Launcher declarations only; no ORT type here.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <cuda_bf16.h>
@@ -21,6 +22,22 @@ namespace hcfuse {
 // Device pointers of one call: the struct the general path takes too (optional ones nullptr when absent).
 template <typename T>
 using HcFastArgs = cuda::HcDeviceTensors<T>;
+
+// One projection of the quantized op as MatMulNBits holds it (4 bits): B [N][k_blocks][block_size / 2] bytes,
+// scales [N][k_blocks], packed zero points [N][(k_blocks + 1) / 2] or null (8).
+template <typename T>
+struct HcFastQuantWeights {
+  const uint8_t* q = nullptr;
+  const T* scales = nullptr;
+  const uint8_t* zero_points = nullptr;
+};
+
+// The quantized op's weights (the dense tensors' weight pointers are then null): down_inject K = C*H,
+// N = R + C (down's columns, then inject's); up K = R, N = C*H.
+template <typename T>
+struct HcFastQuant {
+  HcFastQuantWeights<T> down_inject, up;
+};
 
 namespace cuda {
 
@@ -43,6 +60,13 @@ template <typename T>
 HcLaunchStatus LaunchHcFast(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors, void* scratch,
                             const HcFastPlan& plan, cudaStream_t stream, bool weights_are_constant);
 
+// The fast path for the quantized op (a plan made with HcFastRequest::quant_block_size): as LaunchHcFast,
+// the weights from `quant`; weights_are_constant covers norm_scale and every quantized weight input.
+template <typename T>
+HcLaunchStatus LaunchHcFastQuant(const HcLowRankMixParams& params, const HcDeviceTensors<T>& tensors,
+                                 const HcFastQuant<T>& quant, void* scratch, const HcFastPlan& plan,
+                                 cudaStream_t stream, bool weights_are_constant);
+
 // One line for HCFUSE_DEBUG: grids, shared memory, how many clusters fit on the device at once
 // (queries the CUDA runtime; not for the hot path).
 template <typename T>
@@ -53,6 +77,13 @@ extern template HcLaunchStatus LaunchHcFast<__half>(const HcLowRankMixParams&, c
 extern template HcLaunchStatus LaunchHcFast<__nv_bfloat16>(const HcLowRankMixParams&,
                                                            const HcDeviceTensors<__nv_bfloat16>&, void*,
                                                            const HcFastPlan&, cudaStream_t, bool);
+extern template HcLaunchStatus LaunchHcFastQuant<__half>(const HcLowRankMixParams&, const HcDeviceTensors<__half>&,
+                                                         const HcFastQuant<__half>&, void*, const HcFastPlan&,
+                                                         cudaStream_t, bool);
+extern template HcLaunchStatus LaunchHcFastQuant<__nv_bfloat16>(const HcLowRankMixParams&,
+                                                                const HcDeviceTensors<__nv_bfloat16>&,
+                                                                const HcFastQuant<__nv_bfloat16>&, void*,
+                                                                const HcFastPlan&, cudaStream_t, bool);
 extern template std::string HcFastLaunchSummary<__half>(const HcFastPlan&);
 extern template std::string HcFastLaunchSummary<__nv_bfloat16>(const HcFastPlan&);
 

@@ -36,6 +36,13 @@ inline constexpr int64_t kHcFastMaxRows = int64_t{1} << 24;  // the kernels coun
 // tile) it beats the general path and the stock chain (bench/bench_decode.py); at 32 rows the general
 // path is faster.
 inline constexpr int64_t kHcFastMaxAutoRows = 16;
+// The quantized op's fast path (4-bit weights in registers, hc_fast_quant.cuh): stage 1 takes K slices of
+// kHcFastQuantKs features (two groups of 32 k), its 12 warps at most four 8-column tiles each (R + C <= 384),
+// and stage 2's warps hold half of a column's R / 32 groups each (R a multiple of 32, at most kHcFastQuantMaxR),
+// two warps a 16-column tile (at most kHcFastQuantMaxStage2Columns columns a CTA).
+inline constexpr int64_t kHcFastQuantKs = 64;
+inline constexpr int64_t kHcFastQuantMaxR = 352;
+inline constexpr int64_t kHcFastQuantMaxStage2Columns = 64;
 
 // Choices of the fast path that never change a result (every choice sums in the same order). The
 // library runs the defaults; builds with HCFUSE_DEV_KNOBS let benchmarks set them (HCFUSE_FAST_*).
@@ -67,6 +74,9 @@ struct HcFastRequest {
   int element_bytes = 2;          // the fast path runs 2-byte types (float16, bfloat16) only
   bool pointers_aligned = true;   // HcFastPointersAligned over every tensor of the call
   bool forced = false;            // HCFUSE_FORCE_PATH=fast: any row count, not only decode-sized ones
+  // the quantized op's call (4-bit weights, packed or no zero points, both projections quantized): its
+  // block_size (at least 32); 0: the dense op
+  int64_t quant_block_size = 0;
 };
 
 // The kernels' arguments (hc_fast_path.cu), filled by the planner.
@@ -83,6 +93,7 @@ struct HcFastClusterDims {
   int rp, lda2, per2;  // stage 2: R rounded to 16, A tile stride, hidden values per cluster rank
   int ss_parts;       // sum-of-squares parts one CTA sums: all kParts, or kParts / cluster when shared
   bool ss_local, hidden_local, has_prologue;
+  int block_size;     // the quantized op's block_size; 0: dense weights
   // 8-byte aligned, so that the kernels may load two attributes as one 64-bit constant
   alignas(8) float epsilon;
   float reduction_scale, silu_alpha, gate_div, gate_mul;
@@ -106,11 +117,13 @@ struct HcFastStage1Layout {
 };
 
 struct HcFastStage2Layout {
-  size_t tile, a, hn, g, bar, total;
+  size_t tile, quant_sum, a, hn, g, bar, total;
   template <typename D>
   HCFUSE_HOST_DEVICE explicit HcFastStage2Layout(const D& d) {
     tile = 0;                                         // T [rp][ldu]
-    a = tile + size_t{2} * d.rp * d.ldu;              // T [rt][lda2]
+    // quantized: f32 [n2 / 16][2][32][4], the second K half's up accumulators of each (tile, 8 rows)
+    quant_sum = tile + size_t{2} * d.rp * d.ldu;
+    a = quant_sum + (d.block_size > 0 ? size_t{4} * d.n2 / 16 * 2 * 32 * 4 : 0);  // T [rt][lda2]
     hn = a + size_t{2} * d.rt * d.lda2;               // T [rt][n2]
     g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]
     bar = (g + size_t{4} * d.rt * d.n2 + 7) / 8 * 8;   // u64: the hidden exchange's mbarrier
