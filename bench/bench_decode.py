@@ -17,7 +17,7 @@ Variants, all in one run (names keep their meaning; --variants picks):
                  onnxruntime-genai's int4 build writes them: MatMulNBitsQuantizer(block_size=32,
                  is_symmetric=True, accuracy_level=4), down+inject packed (N = R + C), scales T [N, k_blocks], no
                  zero points (hcfuse.models.nbits.nbits_weights runs that quantizer's routine);
-  nbits-general  the same pinned to its general kernels (HCFUSE_FORCE_PATH=general);
+  nbits-fast, nbits-general  the same pinned to a path (HCFUSE_FORCE_PATH=fast or general);
   stock-int4     hcfuse.unfuse of the nbits chain: the same quantized bytes, its two MatMuls per block
                  com.microsoft.MatMulNBits run by onnxruntime's CUDA provider, the rest as stock;
   matmul         (--sublayer only) the sublayer MatMuls alone.
@@ -64,7 +64,7 @@ MEMORY_BANDWIDTH = 4.24e12  # bytes/s, device-to-device copy on the H200 measure
 # Matrix rate of the products, flop/s: dense bf16/fp16 with fp32 accumulation as measured on the H200;
 # float32 runs cuBLASLt's fp32 (no TF32) GEMMs: the H200's fp32 vector peak.
 MATRIX_RATE = {"bf16": 790e12, "fp16": 790e12, "fp32": 67e12}
-VARIANTS = ("fast", "general", "stock", "nbits", "nbits-general", "stock-int4")
+VARIANTS = ("fast", "general", "stock", "nbits", "nbits-fast", "nbits-general", "stock-int4")
 OURS = ("auto", "fast", "general")  # the first of these a row has is hcfuse's figure in the table
 # Variants that set the library's benchmark switches, which only a library built with
 # -DHCFUSE_DEV_KNOBS=ON reads: PATH/CHOICE (CHOICE below) and fast@SS,HID (the fast path with
@@ -137,7 +137,7 @@ def variant_setup(variant: str) -> tuple[bool, dict[str, str]]:
     if variant in STOCK or variant == "matmul":
         return False, {}
     if variant in FUSED_INT4:
-        return True, {"HCFUSE_FORCE_PATH": "general" if variant == "nbits-general" else ""}
+        return True, {"HCFUSE_FORCE_PATH": variant.partition("-")[2]}  # "": the path it picks
     path, _, tuning = variant.partition("@")
     path, _, choice = path.partition("/")
     env = {"HCFUSE_FORCE_PATH": "" if path == "auto" else path, **switch_env(choice)}
@@ -367,7 +367,7 @@ def plot(results: list[dict], path: Path) -> None:
         return
     dtypes = sorted({r["dtype"] for r in results})
     variants = [k for k in results[0] if k not in NOT_VARIANTS]
-    styles = {"stock": "s-", "general": "^-", "fast": "o-", "auto": "o-", "matmul": "x-", "nbits": "v-", "nbits-general": "v--",
+    styles = {"stock": "s-", "general": "^-", "fast": "o-", "auto": "o-", "matmul": "x-", "nbits": "v-", "nbits-fast": "v:", "nbits-general": "v--",
               "stock-int4": "P-"}
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
     for ax, dt in zip(axes[0], dtypes):

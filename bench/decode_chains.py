@@ -43,8 +43,8 @@ DTYPES = {"bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16), "fp16": (np.float1
 WEIGHT_SETS = {"dense": 8, "int4": 32}
 STOCK = {"stock": "dense", "stock-int4": "int4"}  # the unfused variants and the format they unfuse
 # fused variants of the int4 format (every other fused variant is dense): the quantized op on the path it picks,
-# and pinned to its general kernels
-FUSED_INT4 = ("nbits", "nbits-general")
+# and pinned to its fast path or its general kernels
+FUSED_INT4 = ("nbits", "nbits-fast", "nbits-general")
 
 
 def variant_format(variant: str) -> str:
