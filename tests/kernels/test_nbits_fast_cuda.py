@@ -31,8 +31,7 @@ from tests.kernels.test_nbits_cuda import (
     cuda_nbits_session,
     run_cuda,
 )
-# collected here too, where the fixture below pins the fast path: CUDA-graph replays give eager's bits
-from tests.kernels.test_nbits_cuda import test_cuda_graph_replay_equals_eager  # noqa: F401
+from tests.kernels import test_nbits_cuda as general_tests
 
 pytestmark = pytest.mark.cuda
 
@@ -145,3 +144,9 @@ def test_debug_line_names_the_fast_path(hcfuse_lib, rng, monkeypatch, capfd):
     run_cuda(hcfuse_lib, nbits_model(feeds, C=4, dtype=np.float16), feeds)
     err = capfd.readouterr().err
     assert "fast path (decode-sized)" in err and "stage 1: 8 CTAs" in err, err
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_cuda_graph_replay_equals_eager(hcfuse_lib, rng, dtype):
+    """The general kernels' CUDA-graph test (the real shape, 4 rows) on the fast path."""
+    general_tests.test_cuda_graph_replay_equals_eager(hcfuse_lib, rng, dtype)
