@@ -198,8 +198,9 @@ HcFastPlan HcFastPlanFor(const HcLowRankMixParams& params, const HcDeviceCaps& c
                              " bytes of shared memory per block; the device allows " +
                              std::to_string(caps.max_shared_memory_per_block));
   }
-  if (!request.forced && params.rows > kHcFastMaxAutoRows) {
-    return HcFastPlanRefused("more than " + std::to_string(kHcFastMaxAutoRows) + " rows");
+  const int64_t max_auto_rows = quant ? kHcFastQuantMaxAutoRows : kHcFastMaxAutoRows;
+  if (!request.forced && params.rows > max_auto_rows) {
+    return HcFastPlanRefused("more than " + std::to_string(max_auto_rows) + " rows");
   }
   if (params.rows > kHcFastMaxRows) {
     return HcFastPlanRefused("more than " + std::to_string(kHcFastMaxRows) + " rows (the kernels count rows in int)");
