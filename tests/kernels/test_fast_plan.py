@@ -273,7 +273,7 @@ def test_quantized_real_shape_plan(plan, rows, block_size):
     ({"H": 2592}, "H a multiple of 64"),
     ({"C": 8}, "no stage 2 tiling"),  # 128 columns a CTA: two warps a 16-column tile need at most 64
     ({"elem": 4}, "float16 and bfloat16 only"),
-    ({"rows": 17}, "more than 16 rows"),
+    ({"rows": 65}, "more than 64 rows"),
 ])
 def test_quantized_plan_refusals(plan, settings, reason):
     p = plan(**{"quant": 32, **settings})

@@ -3,7 +3,7 @@ hc_fast_path.cu) running ai.hcfuse::HyperConnectionLowRankMixNBits inside onnxru
 hcfuse.reference_nbits.
 
 The glue runs them by itself for float16 and bfloat16, 4 bits, both projections quantized, no zero points of T,
-block_size >= 32, up to 16 rows and the shapes the planner tiles (tests/kernels/test_fast_plan.py); here every
+block_size >= 32, up to 64 rows and the shapes the planner tiles (tests/kernels/test_fast_plan.py); here every
 session sets HCFUSE_FORCE_PATH=fast, so a call the fast path cannot run fails instead of silently taking the
 general kernels. The bound is the one test_nbits_cuda.py asserts for the general kernels
 (bounds.output_bounds("cuda-general", ...)): a weight enters the products as q - z (exact in T, so every
