@@ -100,7 +100,7 @@ def test_real_shape(hcfuse_lib, dtype, rows, symmetric):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_row_independence_determinism_and_constant_weights(hcfuse_lib, rng, dtype):
-    """Each of 40 rows (forced past 16: passes of 16 rows) gives the bits it has alone and in smaller batches, two
+    """Each of 40 rows (three passes of 16 rows) gives the bits it has alone and in smaller batches, two
     runs the same bits, and constant weights (read before the wait on sm_90) those of weights as graph inputs."""
     _require_dtype(dtype)
     C, H, R, rows = 4, 2048, 64, 40
