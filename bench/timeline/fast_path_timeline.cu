@@ -13,13 +13,15 @@
 // variant does: prev_block_output = MatMul(pre_output), a kernel that does not trigger its dependents
 // early; the chain of MatMuls alone is timed too. Configurations: "default" (the library's plan),
 // "ahead0" (no shared-memory padding of the real shape's kernels), "generic" (the generic kernels at the
-// real shape), "nopdl" (no programmatic dependent launch); --configs picks some by name. HCFUSE_FAST_AHEAD
+// real shape), "nopdl" (no programmatic dependent launch), "quant" (the quantized op's kernels, LaunchHcFastQuant,
+// on int4 weights of block 32 without zero points, as onnxruntime-genai quantizes: other weights, so its outputs
+// are not compared); --configs picks some by name. HCFUSE_FAST_AHEAD
 // and HCFUSE_FAST_STAGE2_CTAS set the tuning of every configuration, as in a HCFUSE_DEV_KNOBS library.
 // --dump DIR writes every CTA's records of a few steady-state blocks (one CSV per config and row count:
 // the SM, and each event in us from the first block's first start).
 // Built by bench/timeline/CMakeLists.txt (the fast path's sources with HCFUSE_DEV_KNOBS and
 // HCFUSE_FAST_TIMELINE); no ONNX Runtime needed.
-//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5] [--sublayer] [--configs default ahead0] [--dump DIR]
+//   hc_fast_timeline [--rows 1 2 4 8 16] [--reps 5] [--sublayer] [--configs default quant] [--dump DIR]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -69,7 +71,26 @@ T* DeviceRandom(size_t n, float lo, float hi, std::mt19937& gen) {
 
 struct WeightSet {
   T *norm_scale, *down, *up, *inject;
+  hcfuse::HcFastQuant<T> quant;  // the "quant" config's: [down | inject] and up as MatMulNBits bytes and scales
 };
+
+constexpr int kQuantBlock = 32;
+
+uint8_t* DeviceRandomBytes(size_t n, std::mt19937& gen) {
+  std::vector<uint8_t> h(n);
+  for (auto& v : h) v = static_cast<uint8_t>(gen());
+  uint8_t* d = nullptr;
+  CK(cudaMalloc(&d, n));
+  CK(cudaMemcpy(d, h.data(), n, cudaMemcpyHostToDevice));
+  return d;
+}
+
+// A [K, N] projection as MatMulNBits stores it at 4 bits: B [N][K / 32][16] random bytes, scales [N][K / 32] in
+// [lo, hi] (weights (q - 8) * scale, no zero points).
+hcfuse::HcFastQuantWeights<T> DeviceQuantized(int K, int N, float lo, float hi, std::mt19937& gen) {
+  const size_t blocks = static_cast<size_t>(N) * (K / kQuantBlock);
+  return {DeviceRandomBytes(blocks * kQuantBlock / 2, gen), DeviceRandom(blocks, lo, hi, gen), nullptr};
+}
 
 struct Chain {
   int rows = 0;
@@ -85,11 +106,13 @@ struct Chain {
   hcfuse::HcDeviceCaps caps;  // the device's, as the library reads them
 };
 
-// The library's plan for one block on this device (forced: any row count), PDL as the config says.
+// The library's plan for one block on this device (forced: any row count), PDL as the config says; the
+// quantized op's with quant.
 hcfuse::HcFastPlan Plan(const hcfuse::HcLowRankMixParams& p, const hcfuse::HcDeviceCaps& caps,
-                        const hcfuse::HcFastTuning& tuning, bool pdl) {
+                        const hcfuse::HcFastTuning& tuning, bool pdl, bool quant = false) {
   hcfuse::HcFastRequest request;
   request.forced = true;
+  request.quant_block_size = quant ? kQuantBlock : 0;
   hcfuse::HcFastPlan plan = hcfuse::HcFastPlanFor(p, caps, tuning, request);
   if (!plan.ok()) {
     std::fprintf(stderr, "no fast-path plan: %s\n", plan.reason.c_str());
@@ -114,6 +137,7 @@ struct Config {
   bool pdl = true;
   int ahead = -1;  // HcFastTuning::kernels_ahead (-1: HCFUSE_FAST_AHEAD or the default)
   bool real_shape_kernels = true;
+  bool quant = false;  // the quantized op's kernels on the weight sets' int4 weights
 };
 
 void CheckCublas(cublasStatus_t s) {
@@ -156,7 +180,13 @@ void Enqueue(Chain& c, int n, const Config& cfg, unsigned long long* timeline, c
     tuning.timeline = timeline;
     tuning.timeline_slot = 2 * b;
     const hcfuse::HcLowRankMixParams p = Params(c.rows, b > 0);
-    CheckLaunch(hcfuse::cuda::LaunchHcFast<T>(p, a, c.scratch, Plan(p, c.caps, tuning, cfg.pdl), stream, true));
+    const hcfuse::HcFastPlan plan = Plan(p, c.caps, tuning, cfg.pdl, cfg.quant);
+    if (cfg.quant) {
+      a.down_weight = a.up_weight = a.inject_weight = nullptr;
+      CheckLaunch(hcfuse::cuda::LaunchHcFastQuant<T>(p, a, w.quant, c.scratch, plan, stream, true));
+    } else {
+      CheckLaunch(hcfuse::cuda::LaunchHcFast<T>(p, a, c.scratch, plan, stream, true));
+    }
     if (c.sublayer && b + 1 < n) EnqueueSublayer(c, b, c.pre[b], stream);
   }
 }
@@ -386,7 +416,8 @@ int main(int argc, char** argv) {
   for (int s = 0; s < kSets; ++s) {
     c.sets.push_back({DeviceRandom(kK, 0.5f, 1.5f, gen), DeviceRandom(static_cast<size_t>(kK) * kR, -0.02f, 0.02f, gen),
                       DeviceRandom(static_cast<size_t>(kR) * kK, -0.05f, 0.05f, gen),
-                      DeviceRandom(static_cast<size_t>(kK) * kC, -0.02f, 0.02f, gen)});
+                      DeviceRandom(static_cast<size_t>(kK) * kC, -0.02f, 0.02f, gen),
+                      {DeviceQuantized(kK, kR + kC, 0.0005f, 0.0025f, gen), DeviceQuantized(kR, kK, 0.002f, 0.006f, gen)}});
   }
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
   c.streams_in = DeviceRandom(static_cast<size_t>(max_rows) * kK, -1.0f, 1.0f, gen);
@@ -413,7 +444,8 @@ int main(int argc, char** argv) {
       c.sub_out.push_back(y);
     }
   }
-  c.scratch_bytes = Plan(Params(max_rows, true), c.caps, hcfuse::HcFastTuning{}, true).scratch.total;
+  c.scratch_bytes = std::max(Plan(Params(max_rows, true), c.caps, hcfuse::HcFastTuning{}, true).scratch.total,
+                             Plan(Params(max_rows, true), c.caps, hcfuse::HcFastTuning{}, true, true).scratch.total);
   CK(cudaMalloc(&c.scratch, c.scratch_bytes));
   unsigned long long* timeline = nullptr;
   const size_t records = static_cast<size_t>(2 * short_n) * kCtas * kFields;
@@ -423,7 +455,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> timelines;
   for (int rows : rows_list) {
     c.rows = rows;
-    const Config all_configs[] = {{"default"}, {"ahead0", true, 0}, {"generic", true, -1, false}, {"nopdl", false}};
+    const Config all_configs[] = {{"default"},           {"ahead0", true, 0}, {"generic", true, -1, false},
+                                  {"nopdl", false},      {"quant", true, -1, true, true}};
     std::vector<Config> configs;
     for (const Config& cfg : all_configs) {
       if (names.empty() || std::find(names.begin(), names.end(), cfg.name) != names.end()) configs.push_back(cfg);
@@ -470,6 +503,7 @@ int main(int argc, char** argv) {
       }
     }
     for (int di = 1; di < kConfigs; ++di) {
+      if (configs[di].quant != configs[0].quant) continue;  // other weights
       size_t differ = 0;
       for (size_t i = 0; i < outs[0].size(); ++i) differ += outs[0][i] != outs[di][i];
       std::printf("rows %d: %s vs %s outputs after %d blocks: %zu of %zu values differ\n", rows, configs[di].name,
