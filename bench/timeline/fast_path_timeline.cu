@@ -59,14 +59,20 @@ constexpr int kFields = 11;
     }                                                                                         \
   } while (0)
 
+// A device copy of h (never freed: the probe's buffers live as long as the process).
+template <typename V>
+V* Upload(const std::vector<V>& h) {
+  V* d = nullptr;
+  CK(cudaMalloc(&d, h.size() * sizeof(V)));
+  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(V), cudaMemcpyHostToDevice));
+  return d;
+}
+
 T* DeviceRandom(size_t n, float lo, float hi, std::mt19937& gen) {
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<T> h(n);
   for (auto& v : h) v = __float2bfloat16(dist(gen));
-  T* d = nullptr;
-  CK(cudaMalloc(&d, n * sizeof(T)));
-  CK(cudaMemcpy(d, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
+  return Upload(h);
 }
 
 struct WeightSet {
@@ -79,10 +85,7 @@ constexpr int kQuantBlock = 32;
 uint8_t* DeviceRandomBytes(size_t n, std::mt19937& gen) {
   std::vector<uint8_t> h(n);
   for (auto& v : h) v = static_cast<uint8_t>(gen());
-  uint8_t* d = nullptr;
-  CK(cudaMalloc(&d, n));
-  CK(cudaMemcpy(d, h.data(), n, cudaMemcpyHostToDevice));
-  return d;
+  return Upload(h);
 }
 
 // A [K, N] projection as MatMulNBits stores it at 4 bits: B [N][K / 32][16] random bytes, scales [N][K / 32] in
