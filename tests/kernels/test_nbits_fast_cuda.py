@@ -86,11 +86,12 @@ def test_prologue_and_outputs(hcfuse_lib, rng, dtype, prologue, streams_out):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16, 32, 64])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "zero-points"])
 def test_real_shape(hcfuse_lib, dtype, rows, symmetric):
     """C=4 H=2560 R=320 as MatMulNBitsQuantizer writes int4 block 32 (symmetric, or with packed zero points),
-    the Qwen attributes and the prologue, at every decode row count."""
+    the Qwen attributes and the prologue, at every decode row count and at the 32 and 64 rows the planner
+    also gives the fast path (passes of 16 rows)."""
     _require_dtype(dtype)
     weights = _real_weights(np.dtype(dtype).name, symmetric=symmetric)
     acts = random_activations((rows,), QWEN["C"], QWEN["H"], dtype, np.random.default_rng(rows), prologue=True)
