@@ -244,12 +244,18 @@ def test_unknown_shared_memory_figures_pad_nothing(plan):
     assert (p["stage1_shared_bytes"], p["stage2_shared_bytes"]) == (stage1_bytes(1), stage2_bytes(1))
 
 
-# ---- the quantized op (HcFastRequest::quant_block_size): 4-bit weights in registers, no weight tiles
+# ---- the quantized op (HcFastRequest::quant_block_size): 4-bit weights copied into shared memory
 
 # Stage 1: K slices of 64 features (two groups of 32 k), 40 CTAs per branch, 160 in clusters of 8 (20
-# partial groups). Its shared memory: no tile; A 2*(rt+1)*72 + scale 128 + S 4*rt*64 + part sums 4*8*rt +
-# reduction 4*8*rt*48 = 272 + 1968 * rt. Stage 2: 160 CTAs of 16 features as the dense op, no tile; the
-# second K half's sums 4 * (64 / 16) * 2 * 32 * 4 = 4096 + A 2*rt*328 + hn 2*rt*64 + g 4*rt*64 + 8.
+# partial groups). Its shared memory: the slice's 32 bytes of R + 8 = 328 columns at a stride of 48, a scale
+# word and a zero-point word each: 328 * 56 = 18368; A 2*(rt+1)*72 + scale 128 + S 4*rt*64 + part sums
+# 4*8*rt + reduction 4*8*rt*48 = 272 + 1968 * rt. Stage 2: 160 CTAs of 16 features as the dense op; up's
+# R / 2 = 160 bytes of 64 columns at a stride of 176 = 11264, their scales 2 * 64 * k_blocks and zero points
+# 64 * (k_blocks + 1) / 2 (k_blocks = 10 at block_size 32, 3 at 128), each padded to 16 bytes; the second K
+# half's sums 4 * (64 / 16) * 2 * 32 * 4 = 4096 + A 2*rt*328 + hn 2*rt*64 + g 4*rt*64 + 8.
+QUANT_STAGE2_WEIGHT_BYTES = {32: 11264 + 1280 + 320, 128: 11264 + 384 + 128}
+
+
 @pytest.mark.parametrize("block_size", [32, 128])
 @pytest.mark.parametrize("rows", [1, 2, 4, 8, 16])
 def test_quantized_real_shape_plan(plan, rows, block_size):
@@ -260,8 +266,8 @@ def test_quantized_real_shape_plan(plan, rows, block_size):
     d = p["dims"]
     assert (d["ks"], d["cpb"], d["groups"], d["g4"], d["per1"], d["hs"], d["n2"], d["block_size"]) == (
         64, 40, 20, 20, 48, 16, 64, block_size)
-    assert p["stage1_shared_bytes"] == 272 + 1968 * rows
-    assert p["stage2_shared_bytes"] == 4104 + 1040 * rows
+    assert p["stage1_shared_bytes"] == 18368 + 272 + 1968 * rows
+    assert p["stage2_shared_bytes"] == QUANT_STAGE2_WEIGHT_BYTES[block_size] + 4104 + 1040 * rows
     assert p["scratch"]["hn"] == align256(rows * 324 * 20 * 4)
     assert p["scratch"]["total"] == p["scratch"]["hn"] + align256(rows * 10240 * 2)
 

@@ -83,9 +83,11 @@ template <int BYTES>
 __device__ __forceinline__ void CpAsync(void* smem, const void* gmem) {
   if constexpr (BYTES == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(SharedAddress(smem)), "l"(gmem) : "memory");
-  } else {
-    static_assert(BYTES == 8, "cp.async copies 8 or 16 bytes here");
+  } else if constexpr (BYTES == 8) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(SharedAddress(smem)), "l"(gmem) : "memory");
+  } else {
+    static_assert(BYTES == 4, "cp.async copies 4, 8 or 16 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(SharedAddress(smem)), "l"(gmem) : "memory");
   }
 }
 

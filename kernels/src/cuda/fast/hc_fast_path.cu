@@ -113,16 +113,11 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFa
 
   DownWeightRegs<RegWeightSteps<D, REGW>::value> wregs;
   const int ntiles = d.R / 8 + 1;  // down's column tiles, then inject's (padded)
-  // QUANT: warp w's tiles w, w + warps, ... (at most 4: R + C <= 384), each lane's words in registers
-  constexpr int kQuantTiles = 4;  // (QUANT's product below takes tiles 0 .. 3)
-  QuantSliceRegs<T, QUANT ? kQuantTiles : 1, static_cast<int>(kHcFastQuantKs) / kQuantGroupK, ZP> qregs;
-  int quant_n0[kQuantTiles];
-#pragma unroll
-  for (int u = 0; u < kQuantTiles; ++u) quant_n0[u] = warp + u * num_warps < ntiles ? (warp + u * num_warps) * 8 : -1;
+  const QuantSlice<T, ZP> qslice(smem, layout, d.K, QUANT ? d.block_size : 1, k0);
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
     if constexpr (QUANT) {
-      qregs.Load(quant.down_inject, d.K, d.np, d.block_size, k0, quant_n0, lane);
+      qslice.Copy(quant.down_inject, d.np, 8 * ntiles, tid, blockDim.x);
     } else if constexpr (REGW) {
       wregs.Load(args.down_weight + static_cast<size_t>(k0) * d.R, d.R, warp, lane);
     } else {
@@ -272,15 +267,12 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFa
       }
     };
     if constexpr (QUANT) {
-      auto tile_u = [&](auto u) {  // every lane of the warp takes part (shuffles), also for a missing tile
+      const bool has_zero_points = quant.down_inject.zero_points != nullptr;
+      for (int tile_index = warp; tile_index < ntiles; tile_index += num_warps) {
         float acc[4];
-        qregs.template MultiplyTile<decltype(u)::value>(a_tile, d.rt, d.lda1, acc);
-        if (quant_n0[u] >= 0) scatter_tile(quant_n0[u], acc);
-      };
-      tile_u(std::integral_constant<int, 0>{});
-      tile_u(std::integral_constant<int, 1>{});
-      tile_u(std::integral_constant<int, 2>{});
-      tile_u(std::integral_constant<int, 3>{});
+        qslice.MultiplyTile(a_tile, d.rt, d.lda1, 8 * tile_index, has_zero_points, acc);
+        scatter_tile(8 * tile_index, acc);
+      }
       if (r0 == 0 && warp == 0) TimelineMark(d.timeline, d.slot, kPhase5);  // warp 0's tiles multiplied
     } else if constexpr (REGW) {
       // warps 0 .. R/32 - 1: 32 down columns each from their registers; the next warp: inject's padded tile
@@ -428,21 +420,12 @@ __device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFa
 
   const int mtiles = d.n2 / 16;
   const int quant_tile = warp % mtiles, quant_half = warp / mtiles;  // QUANT: warps below 2 * mtiles
-  QuantUpRegs<T, ZP> qup;
+  const QuantUpSlice<T, ZP> qslice(smem, layout, d.R, QUANT ? d.block_size : 1);
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
     if constexpr (QUANT) {
-      if (quant_half < 2) {
-        int n[2];  // up's columns of the lane's tile columns g and g + 8
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int col = quant_tile * 16 + (lane >> 2) + 8 * h;
-          n[h] = (col / d.hs) * d.H + h0 + col % d.hs;
-        }
-        const int groups = d.R / kQuantGroupK, first_half = (groups + 1) / 2;
-        qup.Load(quant.up, d.R, d.block_size, quant_half * first_half, quant_half == 0 ? first_half : groups - first_half,
-                 n, lane);
-      }
+      qslice.Copy(quant.up, d.R, d.C, d.H, h0, d.hs, tid, blockDim.x);
+      CpAsyncCommit();
       return;
     }
     const int pieces = d.C * segs;  // copy pieces in one row of the tile
@@ -535,6 +518,13 @@ __device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFa
     // same bits) that is half the products up to 8 rows and the weights read from shared memory once.
     if constexpr (QUANT) {
       // the second half's sums of (tile, 8 rows) through shared memory, then the first half adds them
+      QuantUpRegs<T, ZP> qup;
+      if (quant_half < 2) {
+        const int col[2] = {quant_tile * 16 + (lane >> 2), quant_tile * 16 + (lane >> 2) + 8};
+        const int groups = d.R / kQuantGroupK, first_half = (groups + 1) / 2;
+        qup.Load(qslice, quant.up.zero_points != nullptr, quant_half * first_half,
+                 quant_half == 0 ? first_half : groups - first_half, col, lane);
+      }
       float* quant_sum = reinterpret_cast<float*>(smem + layout.quant_sum);
       auto sum_at = [&](int xr) { return quant_sum + ((quant_tile * 2 + xr / 8) * 32 + lane) * 4; };
       for (int xr = 0; quant_half == 1 && xr < nr; xr += 8) {

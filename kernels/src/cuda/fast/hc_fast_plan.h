@@ -106,12 +106,22 @@ struct HcFastClusterDims {
 };
 
 // ---- Shared-memory layouts (bytes), the same on host and device.
+// The quantized op's weights are copied into shared memory before the kernels' wait (hc_fast_quant.cuh), a
+// column's bytes at a stride of an odd number of 16-byte pieces: the 8 columns of an mma fragment then fall
+// in distinct banks.
+HCFUSE_HOST_DEVICE constexpr size_t HcFastQuantStride(size_t bytes) { return bytes % 32 == 0 ? bytes + 16 : bytes; }
+
 struct HcFastStage1Layout {
-  size_t tile, a, scale, s_slice, part_sum, red, total;
+  size_t tile, q_scales, q_zero_points, a, scale, s_slice, part_sum, red, total;
   template <typename D>  // HcFastClusterDims, or a type whose constant fields hide its fields (hc_fast_path.cu)
   HCFUSE_HOST_DEVICE explicit HcFastStage1Layout(const D& d, int cluster) {
-    tile = 0;                                                       // T [ks][ldb1]
-    a = tile + size_t{2} * d.ks * d.ldb1;                           // T [rt + 1][lda1] (last row zero)
+    // quantized: the K slice's bytes of R + 8 columns ([down | inject], inject's tile padded), then each
+    // column's 4-byte word of scales and of packed zero points that holds the slice's
+    const size_t quant_cols = d.block_size > 0 ? d.R + 8 : 0;
+    tile = 0;                                                       // T [ks][ldb1]; quantized: u8 [cols][stride]
+    q_scales = tile + size_t{2} * d.ks * d.ldb1 + quant_cols * HcFastQuantStride(kHcFastQuantKs / 2);
+    q_zero_points = q_scales + 4 * quant_cols;                      // u32 [cols] each
+    a = q_zero_points + 4 * quant_cols;                             // T [rt + 1][lda1] (last row zero)
     scale = a + size_t{2} * (d.rt + 1) * d.lda1;                    // T [ks]
     s_slice = scale + (size_t{2} * d.ks + 15) / 16 * 16;            // f32 [rt][ks]
     part_sum = s_slice + size_t{4} * d.rt * d.ks;                   // f32 [parts][rt]
@@ -121,12 +131,18 @@ struct HcFastStage1Layout {
 };
 
 struct HcFastStage2Layout {
-  size_t tile, quant_sum, a, hn, g, bar, total;
+  size_t tile, q_scales, q_zero_points, quant_sum, a, hn, g, bar, total;
   template <typename D>
   HCFUSE_HOST_DEVICE explicit HcFastStage2Layout(const D& d) {
-    tile = 0;                                         // T [rp][ldu]
+    // quantized: up's first R / 2 bytes of each of the CTA's n2 columns, their scales [n2][k_blocks] (T) and
+    // packed zero points [n2][(k_blocks + 1) / 2] (u8), as up holds them
+    const bool quant = d.block_size > 0;
+    const size_t k_blocks = quant ? (d.R + d.block_size - 1) / d.block_size : 0;
+    tile = 0;                                         // T [rp][ldu]; quantized: u8 [n2][stride]
+    q_scales = tile + size_t{2} * d.rp * d.ldu + (quant ? d.n2 * HcFastQuantStride(d.R / 2) : 0);
+    q_zero_points = q_scales + (size_t{2} * d.n2 * k_blocks + 15) / 16 * 16;
     // quantized: f32 [n2 / 16][2][32][4], the second K half's up accumulators of each (tile, 8 rows)
-    quant_sum = tile + size_t{2} * d.rp * d.ldu;
+    quant_sum = q_zero_points + (d.n2 * ((k_blocks + 1) / 2) + 15) / 16 * 16;
     a = quant_sum + (d.block_size > 0 ? size_t{4} * d.n2 / 16 * 2 * 32 * 4 : 0);  // T [rt][lda2]
     hn = a + size_t{2} * d.rt * d.lda2;               // T [rt][n2]
     g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]

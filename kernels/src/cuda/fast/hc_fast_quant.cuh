@@ -1,5 +1,8 @@
 // The quantized op's weights on the fast path's tensor cores (hc_fast_path.cu, QUANT kernels): 4-bit
-// MatMulNBits bytes read from global memory into registers and turned into mma fragments there.
+// MatMulNBits bytes copied into shared memory with cp.async before the kernel's wait (as the dense kernels
+// copy their weight tiles), read from there into registers after it and turned into mma fragments. Register
+// loads issued before the wait would hold a scoreboard that the loads after it (the streams, the partials)
+// are given by ptxas, so those would wait for every weight byte.
 //
 // k runs in groups of 32 (16 bytes of a column, within one quantization block: block_size >= 32). In a
 // group, lane t of a quad (t = lane % 4) holds the column's bytes 4t .. 4t + 3 (k = 8t .. 8t + 7, even k in
@@ -61,31 +64,24 @@ __device__ __forceinline__ unsigned QuantPair(unsigned lo, unsigned hi, unsigned
   return r;
 }
 
-// One column's view of a quantized projection [K, N]: B [N][k_blocks][block_size / 2] bytes, scales and
-// packed zero points [N][k_blocks].
-template <typename T>
-struct QuantColumn {
-  const HcFastQuantWeights<T>& w;
-  int k_blocks, row_bytes, block_size;
+// cp.async of the 4-byte aligned word of `base` that holds byte `byte` into `dst`. Stage 1 reads scales and
+// packed zero points of N = R + C columns, a multiple of 4 (the planner's R % 32 == 0, C % 4 == 0), so
+// both tensors' sizes are multiples of 4 bytes and the word lies within the tensor.
+__device__ __forceinline__ void CopyWordHolding(unsigned* dst, const uint8_t* base, size_t byte) {
+  CpAsync<4>(dst, base + (byte & ~size_t{3}));
+}
 
-  __device__ __forceinline__ QuantColumn(const HcFastQuantWeights<T>& weights, int K, int bs)
-      : w(weights), k_blocks((K + bs - 1) / bs), row_bytes(k_blocks * bs / 2), block_size(bs) {}
+// The scale (T bits, in the low half) at element index `idx` of a word copied by CopyWordHolding.
+__device__ __forceinline__ unsigned ScaleBitsIn(unsigned word, size_t idx) {
+  return (idx & 1) ? word >> 16 : word & 0xffffu;
+}
 
-  // lane t's word of the group of column n that starts at k
-  __device__ __forceinline__ unsigned Word(int n, int k, int t) const {
-    return __ldg(reinterpret_cast<const unsigned*>(w.q + static_cast<size_t>(n) * row_bytes + k / 2 + 4 * t));
-  }
-  __device__ __forceinline__ unsigned ScaleBits(int n, int k) const {
-    return __ldg(reinterpret_cast<const unsigned short*>(w.scales) + static_cast<size_t>(n) * k_blocks + k / block_size);
-  }
-  template <bool ZP>
-  __device__ __forceinline__ unsigned ZeroPoint(int n, int k) const {
-    if (!ZP || w.zero_points == nullptr) return 8u;
-    const int b = k / block_size;
-    const unsigned byte = __ldg(w.zero_points + static_cast<size_t>(n) * ((k_blocks + 1) / 2) + b / 2);
-    return (byte >> (4 * (b % 2))) & 15u;
-  }
-};
+// The zero point of k-block `b` of a row of packed zero points (`row_bytes` a row) at row `n`, from the word
+// of that byte copied by CopyWordHolding.
+__device__ __forceinline__ unsigned ZeroPointIn(unsigned word, size_t n, int row_bytes, int b) {
+  const size_t byte = n * row_bytes + b / 2;
+  return (word >> (8 * (byte & 3) + 4 * (b % 2))) & 15u;
+}
 
 // The scale in the low (H = 0) or high (H = 1) half of a T pair, as fp32.
 template <typename T, int H>
@@ -118,46 +114,71 @@ __device__ __forceinline__ void GroupSteps(float (&part)[4], AFn&& a_of, BFn&& b
   }
 }
 
-// Stage 1's [down | inject] slice in registers: TILES 8-column tiles of a warp (tile u: columns n0[u] ..
-// n0[u] + 7, n0 < 0: none), GROUPS groups of the CTA's K slice from k0. Lane (g, t) holds word t of column
-// n0[u] + g of each group (mma's B operand: column g), that column's scale and its zero point (a nibble each;
-// ZP: the projection may have zero points, else every one is 8). Columns past N load as zeros.
-template <typename T, int TILES, int GROUPS, bool ZP>
-struct QuantSliceRegs {
-  static_assert(TILES * GROUPS <= 8, "the zero points of a lane's words fit one register");
-  unsigned w[TILES][GROUPS], scale[TILES][GROUPS];
-  unsigned zero_points = 0;
+// Stage 1's [down | inject] slice in shared memory (HcFastStage1Layout's quantized tile): each of the R + 8
+// columns' 32 bytes of the K slice [k0, k0 + 64) (two groups) at HcFastQuantStride(32), its word of scales
+// holding the slice's (two blocks at block_size 32, else one) and its word of packed zero points (ZP only).
+// Columns past N hold zeros (a zero scale: their products are 0).
+template <typename T, bool ZP>
+struct QuantSlice {
+  static constexpr int kStride = static_cast<int>(HcFastQuantStride(kHcFastQuantKs / 2));
+  uint8_t* bytes;
+  unsigned *scale_words, *zero_point_words;
+  int k_blocks, block_size, k0;
 
-  __device__ __forceinline__ void Load(const HcFastQuantWeights<T>& weights, int K, int N, int block_size, int k0,
-                                       const int (&n0)[TILES], int lane) {
-    const QuantColumn<T> col(weights, K, block_size);
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int u = 0; u < TILES; ++u) {
-#pragma unroll
-      for (int G = 0; G < GROUPS; ++G) {
-        const int k = k0 + G * kQuantGroupK, n = n0[u] + g;
-        const bool real = n0[u] >= 0 && n < N;
-        w[u][G] = real ? col.Word(n, k, t) : 0u;
-        scale[u][G] = real ? col.ScaleBits(n, k) : 0u;
-        if constexpr (ZP) zero_points |= (real ? col.template ZeroPoint<ZP>(n, k) : 0u) << (4 * (u * GROUPS + G));
+  __device__ __forceinline__ QuantSlice(unsigned char* smem, const HcFastStage1Layout& layout, int K, int bs, int k)
+      : bytes(smem + layout.tile),
+        scale_words(reinterpret_cast<unsigned*>(smem + layout.q_scales)),
+        zero_point_words(reinterpret_cast<unsigned*>(smem + layout.q_zero_points)),
+        k_blocks((K + bs - 1) / bs),
+        block_size(bs),
+        k0(k) {}
+
+  // The copies of `cols` columns (N real), by the CTA's threads; committed by the caller.
+  __device__ __forceinline__ void Copy(const HcFastQuantWeights<T>& w, int N, int cols, int tid, int threads) const {
+    const size_t row_bytes = static_cast<size_t>(k_blocks) * block_size / 2;
+    for (int idx = tid; idx < 2 * cols; idx += threads) {  // 16 bytes each
+      const int n = idx / 2, half = idx % 2;
+      uint8_t* dst = bytes + n * kStride + 16 * half;
+      if (n < N) {
+        CpAsync<16>(dst, w.q + n * row_bytes + k0 / 2 + 16 * half);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    const int b = k0 / block_size;
+    const size_t zero_row = (k_blocks + 1) / 2;
+    for (int n = tid; n < cols; n += threads) {
+      if (n >= N) {
+        scale_words[n] = 0u;
+        if constexpr (ZP) zero_point_words[n] = 0u;
+        continue;
+      }
+      const size_t idx = static_cast<size_t>(n) * k_blocks + b;
+      CopyWordHolding(scale_words + n, reinterpret_cast<const uint8_t*>(w.scales), 2 * idx);
+      if (ZP && w.zero_points != nullptr) {
+        CopyWordHolding(zero_point_words + n, w.zero_points, n * zero_row + b / 2);
       }
     }
   }
 
-  // acc = A[16 x 32 GROUPS] @ tile u, A in shared memory: a_rows rows then a zero row (stride lda, k from the
-  // slice's start). mma's accumulator layout: lane (g, t) rows g and g + 8, columns 2t, 2t + 1 (their scales
-  // come from the lanes that hold those columns' words).
-  template <int U>
-  __device__ __forceinline__ void MultiplyTile(const T* A, int a_rows, int lda, float (&acc)[4]) const {
+  // acc = A[16 x 64] @ the 8-column tile from n0, A in shared memory: a_rows rows then a zero row (stride lda,
+  // k from the slice's start). mma's accumulator layout: lane (g, t) rows g and g + 8, columns 2t, 2t + 1.
+  __device__ __forceinline__ void MultiplyTile(const T* A, int a_rows, int lda, int n0, bool has_zero_points,
+                                               float (&acc)[4]) const {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const T* row_lo = A + min(g, a_rows) * lda + 8 * t;
     const T* row_hi = A + min(g + 8, a_rows) * lda + 8 * t;
+    const uint8_t* column = bytes + (n0 + g) * kStride + 4 * t;  // mma's B operand: column g
+    const uint2 scales = *reinterpret_cast<const uint2*>(scale_words + n0 + 2 * t);  // columns 2t, 2t + 1
+    const unsigned zero_word = ZP && has_zero_points ? zero_point_words[n0 + g] : 0u;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
 #pragma unroll
-    for (int G = 0; G < GROUPS; ++G) {
-      const unsigned lo = w[U][G] & 0x0f0f0f0fu, hi = (w[U][G] >> 4) & 0x0f0f0f0fu;
-      const unsigned zb = ZP ? ZeroBiasAt<T>(zero_points, U * GROUPS + G) : QuantZeroBias<T>(8);
+    for (int G = 0; G < kHcFastQuantKs / kQuantGroupK; ++G) {
+      const int b = (k0 + G * kQuantGroupK) / block_size;
+      const unsigned word = *reinterpret_cast<const unsigned*>(column + 16 * G);
+      const unsigned lo = word & 0x0f0f0f0fu, hi = (word >> 4) & 0x0f0f0f0fu;
+      const unsigned zb = QuantZeroBias<T>(
+          ZP && has_zero_points ? ZeroPointIn(zero_word, static_cast<size_t>(n0 + g), (k_blocks + 1) / 2, b) : 8u);
       float part[4];
       GroupSteps<T>(
           part,
@@ -166,12 +187,13 @@ struct QuantSliceRegs {
             const uint2 x1 = *reinterpret_cast<const uint2*>(row_hi + G * kQuantGroupK + 4 * s);
             a[0] = x0.x, a[1] = x1.x, a[2] = x0.y, a[3] = x1.y;
           },
-          [&](auto s, unsigned (&b)[2]) {
-            b[0] = QuantPair<T, 2 * decltype(s)::value>(lo, hi, zb);
-            b[1] = QuantPair<T, 2 * decltype(s)::value + 1>(lo, hi, zb);
+          [&](auto s, unsigned (&b2)[2]) {
+            b2[0] = QuantPair<T, 2 * decltype(s)::value>(lo, hi, zb);
+            b2[1] = QuantPair<T, 2 * decltype(s)::value + 1>(lo, hi, zb);
           });
-      const float s0 = ScaleOf<T, 0>(__shfl_sync(0xffffffffu, scale[U][G], 8 * t));  // column 2t: lane (2t, 0)
-      const float s1 = ScaleOf<T, 0>(__shfl_sync(0xffffffffu, scale[U][G], 8 * t + 4));
+      const size_t i0 = static_cast<size_t>(n0 + 2 * t) * k_blocks + b;
+      const float s0 = ScaleOf<T, 0>(ScaleBitsIn(scales.x, i0));
+      const float s1 = ScaleOf<T, 0>(ScaleBitsIn(scales.y, i0 + k_blocks));
       acc[0] = fmaf(part[0], s0, acc[0]);
       acc[1] = fmaf(part[1], s1, acc[1]);
       acc[2] = fmaf(part[2], s0, acc[2]);
@@ -180,35 +202,84 @@ struct QuantSliceRegs {
   }
 };
 
+// Stage 2's up weights in shared memory (HcFastStage2Layout's quantized tile): the first R / 2 bytes of each
+// of the CTA's n2 columns (column c * hs + j: up's column c * H + h0 + j) at HcFastQuantStride(R / 2), their
+// scales [n2][k_blocks] and packed zero points [n2][(k_blocks + 1) / 2] as up holds them (ZP only).
+template <typename T, bool ZP>
+struct QuantUpSlice {
+  uint8_t* bytes;
+  unsigned short* scales;
+  uint8_t* zero_points;
+  int stride, k_blocks, block_size;
+
+  __device__ __forceinline__ QuantUpSlice(unsigned char* smem, const HcFastStage2Layout& layout, int R, int bs)
+      : bytes(smem + layout.tile),
+        scales(reinterpret_cast<unsigned short*>(smem + layout.q_scales)),
+        zero_points(smem + layout.q_zero_points),
+        stride(static_cast<int>(HcFastQuantStride(R / 2))),
+        k_blocks((R + bs - 1) / bs),
+        block_size(bs) {}
+
+  // The copies of the CTA's columns (hs of each of C branches from feature h0; up's N = C * H), by the CTA's
+  // threads; committed by the caller. A branch's scales and zero points are contiguous in up's (hs and h0
+  // are multiples of 4: 8-byte and 4-byte aligned pieces).
+  __device__ __forceinline__ void Copy(const HcFastQuantWeights<T>& w, int R, int C, int H, int h0, int hs, int tid,
+                                       int threads) const {
+    const int pieces = R / 32;  // 16-byte pieces of a column
+    const size_t row_bytes = static_cast<size_t>(k_blocks) * block_size / 2;
+    for (int idx = tid; idx < C * hs * pieces; idx += threads) {
+      const int col = idx / pieces, p = idx % pieces;
+      const size_t n = static_cast<size_t>(col / hs) * H + h0 + col % hs;
+      CpAsync<16>(bytes + col * stride + 16 * p, w.q + n * row_bytes + 16 * p);
+    }
+    const int scale_pieces = hs * k_blocks / 4;  // 8 bytes each, per branch
+    for (int idx = tid; idx < C * scale_pieces; idx += threads) {
+      const int c = idx / scale_pieces, p = idx % scale_pieces;
+      CpAsync<8>(scales + (c * hs * k_blocks + 4 * p),
+                 w.scales + (static_cast<size_t>(c) * H + h0) * k_blocks + 4 * p);
+    }
+    if (!ZP || w.zero_points == nullptr) return;
+    const int zero_row = (k_blocks + 1) / 2, zero_pieces = hs * zero_row / 4;  // 4 bytes each, per branch
+    for (int idx = tid; idx < C * zero_pieces; idx += threads) {
+      const int c = idx / zero_pieces, p = idx % zero_pieces;
+      CpAsync<4>(zero_points + (c * hs * zero_row + 4 * p),
+                 w.zero_points + (static_cast<size_t>(c) * H + h0) * zero_row + 4 * p);
+    }
+  }
+};
+
 // Stage 2's up weights of one 16-column tile in registers (mma's A operand, the rows on the N side):
-// lane (g, t) holds word t of columns n[0] and n[1] (the tile's columns g and g + 8, mapped to up's columns
-// by the caller) of `count` (at most kQuantUpGroups) groups from group `first` of up's K = R, their zero
-// points (nibbles, ZP only) and scales (T pairs: column g low, g + 8 high).
+// lane (g, t) holds word t of columns col[0] and col[1] (the tile's columns g and g + 8, as QuantUpSlice's
+// columns) of `count` (at most kQuantUpGroups) groups from group `first` of up's K = R, their zero points
+// (nibbles, ZP only) and scales (T pairs: column g low, g + 8 high). Read from shared memory once the copies
+// have landed.
 template <typename T, bool ZP>
 struct QuantUpRegs {
   unsigned w[2][kQuantUpGroups], scale[kQuantUpGroups];
   unsigned zero_points[2] = {};
   int first = 0, count = 0;
 
-  __device__ __forceinline__ void Load(const HcFastQuantWeights<T>& weights, int K, int block_size, int first_group,
-                                       int groups, const int (&n)[2], int lane) {
-    const QuantColumn<T> col(weights, K, block_size);
-    const int t = lane & 3;
+  __device__ __forceinline__ void Load(const QuantUpSlice<T, ZP>& slice, bool has_zero_points, int first_group,
+                                       int groups, const int (&col)[2], int lane) {
+    const int t = lane & 3, zero_row = (slice.k_blocks + 1) / 2;
     first = first_group;
     count = groups;
 #pragma unroll
     for (int G = 0; G < kQuantUpGroups; ++G) {
       if (G >= count) break;
-      const int k = (first + G) * kQuantGroupK;
+      const int k = (first + G) * kQuantGroupK, b = k / slice.block_size;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        w[h][G] = col.Word(n[h], k, t);
-        if constexpr (ZP) zero_points[h] |= col.template ZeroPoint<ZP>(n[h], k) << (4 * G);
+        w[h][G] = *reinterpret_cast<const unsigned*>(slice.bytes + col[h] * slice.stride + k / 2 + 4 * t);
+        if (ZP && has_zero_points) {
+          zero_points[h] |= ((slice.zero_points[col[h] * zero_row + b / 2] >> (4 * (b % 2))) & 15u) << (4 * G);
+        }
       }
-      scale[G] = col.ScaleBits(n[0], k) | (col.ScaleBits(n[1], k) << 16);
+      scale[G] = slice.scales[col[0] * slice.k_blocks + b] |
+                 (static_cast<unsigned>(slice.scales[col[1] * slice.k_blocks + b]) << 16);
     }
+    if (!(ZP && has_zero_points)) zero_points[0] = zero_points[1] = 0x88888888u;
   }
-
   // acc = (X[xr .. xr + 8) @ W[this warp's groups of k, tile columns])^T in mma's layout with the rows on N:
   // lane (g, t) holds columns g (e = 0, 1) and g + 8 (e = 2, 3) of rows xr + 2t + (e & 1). X [rows][k] in
   // shared memory (stride ldx), x_rows real rows (the others multiply as zeros).
