@@ -81,8 +81,8 @@ struct RegWeightSteps<D, true> {
 // REGW (the real shape's tiling only; same bits): the down weights go from global memory straight into
 // registers as mma fragments (DownWeightRegs), not through a shared-memory tile (the weights are then
 // read from shared memory by no product). QUANT (the quantized op): [down | inject] from `quant`'s 4-bit
-// bytes in registers (QuantSliceRegs), every column tile of the CTA in one pass of the warps; ZP: its zero
-// points may be given (else none are read).
+// bytes, copied into shared memory (QuantSlice), every column tile of the CTA in one pass of the warps; ZP:
+// its zero points may be given (else none are read).
 template <typename T, int CL, bool PRO, typename D, bool REGW, bool QUANT, bool ZP = false>
 __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFastQuant<T>& quant, const D& d,
                                            float* __restrict__ partials, T* __restrict__ hn_out,
@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(kStage1Threads) HcFastStage1Kernel(
   Stage1Body<T, CL, PRO, FastDims, false, false>(args, {}, d, partials, hn_out, weights_are_constant);
 }
 
-// Stage 1 of the quantized op (QUANT): [down | inject] from 4-bit weights in registers. Two CTAs an SM, as
+// Stage 1 of the quantized op (QUANT): [down | inject] from 4-bit weights. Two CTAs an SM, as
 // stage 2 and the next stage 1 run next to each other (at most 85 registers a thread).
 template <typename T, int CL, bool PRO, bool ZP>
 __global__ void __launch_bounds__(kStage1Threads, 2) HcFastQuantStage1Kernel(
@@ -380,10 +380,10 @@ __global__ void __launch_bounds__(kStage1Threads, 2) HcFastStage1RegWeightsKerne
 }
 
 // ------------------------------------------------------------------------------------------------
-// Stage 2. QUANT (the quantized op): warps m and m + mtiles (mtiles = C * hs / 16) hold the 4-bit up weights
-// of the CTA's 16-column tile m in registers (QuantUpRegs), the first and the second half of up's k groups,
-// and multiply every row of the pass with them; warp m adds the second half's sums to its own (ZP: the
-// zero points may be given).
+// Stage 2. QUANT (the quantized op): the CTA's 4-bit up weights are copied into shared memory (QuantUpSlice);
+// after the wait warps m and m + mtiles (mtiles = C * hs / 16) take those of its 16-column tile m into
+// registers (QuantUpRegs), the first and the second half of up's k groups, and multiply every row of the
+// pass with them; warp m adds the second half's sums to its own (ZP: the zero points may be given).
 template <typename T, int CL, typename D, bool QUANT, bool ZP = false>
 __device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFastQuant<T>& quant, const D& d,
                                            const float* __restrict__ partials, const T* __restrict__ hn_in,

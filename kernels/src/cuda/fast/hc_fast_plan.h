@@ -36,7 +36,7 @@ inline constexpr int64_t kHcFastMaxRows = int64_t{1} << 24;  // the kernels coun
 // tile) it beats the general path and the stock chain (bench/bench_decode.py); at 32 rows the general
 // path is faster.
 inline constexpr int64_t kHcFastMaxAutoRows = 16;
-// The quantized op's fast path (4-bit weights in registers, hc_fast_quant.cuh): stage 1 takes K slices of
+// The quantized op's fast path (4-bit weights, hc_fast_quant.cuh): stage 1 takes K slices of
 // kHcFastQuantKs features (two groups of 32 k), its 12 warps at most four 8-column tiles each (R + C <= 384),
 // and stage 2's warps hold half of a column's R / 32 groups each (R a multiple of 32, at most kHcFastQuantMaxR),
 // two warps a 16-column tile (at most kHcFastQuantMaxStage2Columns columns a CTA).
