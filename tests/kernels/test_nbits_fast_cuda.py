@@ -74,6 +74,16 @@ def test_block_sizes(hcfuse_lib, rng, dtype, block_size):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_odd_block_count(hcfuse_lib, rng, dtype):
+    """block_size 512 at K = C * H = 1536: three blocks a column, so an odd column's scales and packed zero
+    points start in the middle of the 4-byte word stage 1 copies for them."""
+    _require_dtype(dtype)
+    C, H, R = 4, 384, 96
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, block_size=512, zp="packed", lead=(3,))
+    check_case(hcfuse_lib, feeds, C=C, dtype=dtype, block_size=512, what="block_size 512, 3 blocks a column")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("prologue", [False, True], ids=["plain", "prologue"])
 @pytest.mark.parametrize("streams_out", [False, True], ids=["2-out", "3-out"])
 def test_prologue_and_outputs(hcfuse_lib, rng, dtype, prologue, streams_out):
