@@ -143,7 +143,7 @@ struct HcFastStage2Layout {
     q_zero_points = q_scales + (size_t{2} * d.n2 * k_blocks + 15) / 16 * 16;
     // quantized: f32 [n2 / 16][2][32][4], the second K half's up accumulators of each (tile, 8 rows)
     quant_sum = q_zero_points + (d.n2 * ((k_blocks + 1) / 2) + 15) / 16 * 16;
-    a = quant_sum + (d.block_size > 0 ? size_t{4} * d.n2 / 16 * 2 * 32 * 4 : 0);  // T [rt][lda2]
+    a = quant_sum + (quant ? size_t{4} * d.n2 / 16 * 2 * 32 * 4 : 0);  // T [rt][lda2]
     hn = a + size_t{2} * d.rt * d.lda2;               // T [rt][n2]
     g = hn + (size_t{2} * d.rt * d.n2 + 15) / 16 * 16;  // f32 [rt][n2]
     bar = (g + size_t{4} * d.rt * d.n2 + 7) / 8 * 8;   // u64: the hidden exchange's mbarrier

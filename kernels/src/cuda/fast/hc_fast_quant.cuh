@@ -280,6 +280,7 @@ struct QuantUpRegs {
     }
     if (!(ZP && has_zero_points)) zero_points[0] = zero_points[1] = 0x88888888u;
   }
+
   // acc = (X[xr .. xr + 8) @ W[this warp's groups of k, tile columns])^T in mma's layout with the rows on N:
   // lane (g, t) holds columns g (e = 0, 1) and g + 8 (e = 2, 3) of rows xr + 2t + (e & 1). X [rows][k] in
   // shared memory (stride ldx), x_rows real rows (the others multiply as zeros).
