@@ -475,6 +475,7 @@ __device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFa
   const int r_begin = share ? rank * d.per2 : 0;
   const int r_len = share ? max(0, min(d.R, r_begin + d.per2) - r_begin) : d.R;
   const bool gate_cta = blockIdx.x == 0;  // CTA 0 also computes post_gate
+  QuantUpRegs<T, ZP> qup;  // QUANT: this warp's up weights, taken from shared memory in the first pass
   for (int r0 = 0; r0 < d.rows; r0 += d.rt) {
     const int nr = min(d.rt, d.rows - r0);
     if constexpr (CL > 1) {
@@ -543,8 +544,7 @@ __device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFa
     // same bits) that is half the products up to 8 rows and the weights read from shared memory once.
     if constexpr (QUANT) {
       // the second half's sums of (tile, 8 rows) through shared memory, then the first half adds them
-      QuantUpRegs<T, ZP> qup;
-      if (quant_half < 2) {
+      if (r0 == 0 && quant_half < 2) {  // the copies have landed (first pass); later passes reuse them
         const int col[2] = {quant_tile * 16 + (lane >> 2), quant_tile * 16 + (lane >> 2) + 8};
         const int groups = d.R / kQuantGroupK, first_half = (groups + 1) / 2;
         qup.Load(qslice, quant.up.zero_points != nullptr, quant_half * first_half,
