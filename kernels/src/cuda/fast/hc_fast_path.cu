@@ -114,6 +114,12 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFa
   DownWeightRegs<RegWeightSteps<D, REGW>::value> wregs;
   const int ntiles = d.R / 8 + 1;  // down's column tiles, then inject's (padded)
   const QuantSlice<T, ZP> qslice(smem, layout, d.K, QUANT ? d.block_size : 1, k0);
+  // QUANT: warp w multiplies tiles w, w + warps, ... (at most 4: R + C <= 384); their reducing ranks, found
+  // before the wait (a division)
+  constexpr int kQuantTilesPerWarp = 4;
+  int quant_owner[kQuantTilesPerWarp];
+#pragma unroll
+  for (int u = 0; u < kQuantTilesPerWarp; ++u) quant_owner[u] = (warp + u * num_warps) * 8 / d.per1;
   auto load_weights = [&] {
     if constexpr (kAblateWeights) return;
     if constexpr (QUANT) {
@@ -246,7 +252,12 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFa
       cuda::Vec<T, 4> hn;
 #pragma unroll
       for (int j = 0; j < 4; ++j) hn.v[j] = FromFloat<T>(cuda::NormalizeHn(sv[j], inv_rms, ToFloat<T>(scale[q + j])));
-      cuda::StoreVec<T, 4>(a_tile + i * d.lda1 + q, hn);
+      if constexpr (QUANT) {  // the quantized products' k order (hc_fast_quant.cuh)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a_tile[i * d.lda1 + (q & ~7) + QuantPosition(q % 8 + j)] = hn.v[j];
+      } else {
+        cuda::StoreVec<T, 4>(a_tile + i * d.lda1 + q, hn);
+      }
     }
     __syncthreads();
 
@@ -256,8 +267,7 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFa
     // per1 is a whole number of tiles, so a tile has one owner: one address per tile and one 8-byte
     // store per row (a lane's two adjacent columns). The padding columns past np go along (zeros,
     // inside the owner's per1 columns, never read).
-    auto scatter_tile = [&](int n0, const float (&acc)[4]) {
-      const int owner = n0 / d.per1;
+    auto scatter_tile_to = [&](int n0, int owner, const float (&acc)[4]) {
       float* dst = red + rank * d.rt * d.per1 + n0 - owner * d.per1 + (lane & 3) * 2;
       if constexpr (CL > 1) dst = PeerShared(dst, owner);
 #pragma unroll
@@ -266,12 +276,16 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFa
         if (i < nr) *reinterpret_cast<float2*>(dst + i * d.per1) = make_float2(acc[2 * half], acc[2 * half + 1]);
       }
     };
+    auto scatter_tile = [&](int n0, const float (&acc)[4]) { scatter_tile_to(n0, n0 / d.per1, acc); };
     if constexpr (QUANT) {
       const bool has_zero_points = quant.down_inject.zero_points != nullptr;
-      for (int tile_index = warp; tile_index < ntiles; tile_index += num_warps) {
+#pragma unroll
+      for (int u = 0; u < kQuantTilesPerWarp; ++u) {
+        const int tile_index = warp + u * num_warps;
+        if (tile_index >= ntiles) break;
         float acc[4];
         qslice.MultiplyTile(a_tile, d.rt, d.lda1, 8 * tile_index, has_zero_points, acc);
-        scatter_tile(8 * tile_index, acc);
+        scatter_tile_to(8 * tile_index, quant_owner[u], acc);
       }
       if (r0 == 0 && warp == 0) TimelineMark(d.timeline, d.slot, kPhase5);  // warp 0's tiles multiplied
     } else if constexpr (REGW) {
@@ -344,7 +358,16 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFa
         memcpy(&u, out, sizeof(u));
         *reinterpret_cast<uint2*>(args.streams_out + off) = u;
       }
-      *reinterpret_cast<uint2*>(hn_out + off) = *reinterpret_cast<const uint2*>(a_tile + i * d.lda1 + q);
+      if constexpr (QUANT) {
+        const T* row = a_tile + i * d.lda1 + (q & ~7);
+        const T hn[4] = {row[QuantPosition(q % 8)], row[QuantPosition(q % 8 + 1)], row[QuantPosition(q % 8 + 2)],
+                         row[QuantPosition(q % 8 + 3)]};
+        uint2 u;
+        memcpy(&u, hn, sizeof(u));
+        *reinterpret_cast<uint2*>(hn_out + off) = u;
+      } else {
+        *reinterpret_cast<uint2*>(hn_out + off) = *reinterpret_cast<const uint2*>(a_tile + i * d.lda1 + q);
+      }
     }
     if (r0 + d.rt < d.rows) __syncthreads();  // s_slice and the A tile are rewritten next pass
   }
@@ -452,6 +475,7 @@ __device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFa
   const int r_begin = share ? rank * d.per2 : 0;
   const int r_len = share ? max(0, min(d.R, r_begin + d.per2) - r_begin) : d.R;
   const bool gate_cta = blockIdx.x == 0;  // CTA 0 also computes post_gate
+  QuantUpRegs<T, ZP> qup;  // QUANT: this warp's up weights, taken from shared memory in the first pass
   for (int r0 = 0; r0 < d.rows; r0 += d.rt) {
     const int nr = min(d.rt, d.rows - r0);
     if constexpr (CL > 1) {
@@ -471,7 +495,9 @@ __device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFa
     for (int idx = tid; idx < nr * r_len; idx += blockDim.x) {
       const int i = idx / r_len, n = r_begin + idx % r_len;
       const float v = RoundToT<T>(SumGroups(partials + (static_cast<size_t>(r0 + i) * d.np + n) * d.g4, d.groups));
-      a_tile[i * d.lda2 + n] = FromFloat<T>(cuda::ScaledSilu<T>(v, d.silu_alpha));
+      // the quantized up product reads hidden in its k order (hc_fast_quant.cuh)
+      const int at = QUANT ? (n & ~7) + QuantPosition(n % 8) : n;
+      a_tile[i * d.lda2 + at] = FromFloat<T>(cuda::ScaledSilu<T>(v, d.silu_alpha));
     }
     // inject -> post_gate (rounding points: inject, gate logit, its sigmoid, post_gate), CTA 0 only, by the warps that own no up
     // tile below (the real shape: 6 of 10 up to 8 rows, 2 at 16; else the last warp), while this CTA's hidden slice travels
@@ -518,8 +544,7 @@ __device__ __forceinline__ void Stage2Body(const HcFastArgs<T>& args, const HcFa
     // same bits) that is half the products up to 8 rows and the weights read from shared memory once.
     if constexpr (QUANT) {
       // the second half's sums of (tile, 8 rows) through shared memory, then the first half adds them
-      QuantUpRegs<T, ZP> qup;
-      if (quant_half < 2) {
+      if (r0 == 0 && quant_half < 2) {  // the copies have landed (first pass); later passes reuse them
         const int col[2] = {quant_tile * 16 + (lane >> 2), quant_tile * 16 + (lane >> 2) + 8};
         const int groups = d.R / kQuantGroupK, first_half = (groups + 1) / 2;
         qup.Load(qslice, quant.up.zero_points != nullptr, quant_half * first_half,

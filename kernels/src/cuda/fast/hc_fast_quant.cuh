@@ -5,11 +5,13 @@
 // are given by ptxas, so those would wait for every weight byte.
 //
 // k runs in groups of 32 (16 bytes of a column, within one quantization block: block_size >= 32). In a
-// group, lane t of a quad (t = lane % 4) holds the column's bytes 4t .. 4t + 3 (k = 8t .. 8t + 7, even k in
-// the low nibbles). Its mma k pairs of step s (s = 0, 1), 2t, 2t + 1 and 2t + 8, 2t + 9, stand for k
-// 8t + 4s + {0, 1} and 8t + 4s + {2, 3}: the activations are read with the same map (one 8-byte load of a
-// row at 8t + 4s), so every product pairs an activation with its own weight and only the order of the
-// group's sum differs from mma's k order.
+// group, lane t of a quad (t = lane % 4) holds the column's bytes 4t .. 4t + 3: nibble j of that word (bits
+// 4j .. 4j + 3) is k = 8t + j. One lop3 against a magic exponent turns nibbles j and j + 4 into a T pair
+// (QuantNibblePair), so mma step s takes the pairs of j = 2s (k 8t + 2s, 8t + 2s + 4; mma's k 2t, 2t + 1) and
+// j = 2s + 1 (mma's k 2t + 8, 2t + 9). The activations are stored in shared memory in that order (within each
+// 8 k, positions 0 .. 7 hold k 0, 4, 1, 5, 2, 6, 3, 7: QuantPosition), so one 8-byte load of a row at 8t + 4s
+// gives both pairs and every product pairs an activation with its own weight; only the order of the group's
+// sum differs from the k order.
 //
 // A weight enters as q - z, exact in T (|q - z| <= 15), so each product is exact in fp32; a group's two
 // steps accumulate from 0 on the tensor cores and the group's sum then goes into the column's fp32
@@ -46,12 +48,18 @@ __device__ __forceinline__ unsigned QuantZeroBias(unsigned z) {
   return (QuantMagic<T>() | z) * 0x00010001u;
 }
 
-// q - z of the two nibbles of byte B of a word as a T pair (low nibble in the low half). lo and hi are
-// the word's low and high nibbles (word & 0x0f0f0f0f, (word >> 4) & 0x0f0f0f0f).
-template <typename T, int B>
-__device__ __forceinline__ unsigned QuantPair(unsigned lo, unsigned hi, unsigned zero_bias) {
-  constexpr unsigned kSelect = B | (B << 4) | ((B + 4) << 8) | ((B + 4) << 12);
-  const unsigned v = (__byte_perm(lo, hi, kSelect) & 0x00ff00ffu) | (QuantMagic<T>() * 0x00010001u);
+// Where k offset m (0 .. 7) of an 8-k run is stored in the products' activation tiles: 0, 4, 1, 5, 2, 6, 3, 7
+// at positions 0 .. 7.
+__device__ __forceinline__ constexpr int QuantPosition(int m) { return m < 4 ? 2 * m : 2 * (m - 4) + 1; }
+
+// q - z of nibbles J and J + 4 of a word (k 8t + J and 8t + J + 4) as a T pair, low half first: the nibbles
+// put in the mantissa of the magic power by one lop3, then (power + z) subtracted.
+template <typename T, int J>
+__device__ __forceinline__ unsigned QuantNibblePair(unsigned word, unsigned zero_bias) {
+  unsigned v;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;"  // (a & b) | c
+      : "=r"(v)
+      : "r"(word >> (4 * J)), "r"(0x000f000fu), "r"(QuantMagic<T>() * 0x00010001u));
   unsigned r;
   if constexpr (std::is_same_v<T, __half>) {
     const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&v), *reinterpret_cast<const __half2*>(&zero_bias));
@@ -69,18 +77,6 @@ __device__ __forceinline__ unsigned QuantPair(unsigned lo, unsigned hi, unsigned
 // both tensors' sizes are multiples of 4 bytes and the word lies within the tensor.
 __device__ __forceinline__ void CopyWordHolding(unsigned* dst, const uint8_t* base, size_t byte) {
   CpAsync<4>(dst, base + (byte & ~size_t{3}));
-}
-
-// The scale (T bits, in the low half) at element index `idx` of a word copied by CopyWordHolding.
-__device__ __forceinline__ unsigned ScaleBitsIn(unsigned word, size_t idx) {
-  return (idx & 1) ? word >> 16 : word & 0xffffu;
-}
-
-// The zero point of k-block `b` of a row of packed zero points (`row_bytes` a row) at row `n`, from the word
-// of that byte copied by CopyWordHolding.
-__device__ __forceinline__ unsigned ZeroPointIn(unsigned word, size_t n, int row_bytes, int b) {
-  const size_t byte = n * row_bytes + b / 2;
-  return (word >> (8 * (byte & 3) + 4 * (b % 2))) & 15u;
 }
 
 // The scale in the low (H = 0) or high (H = 1) half of a T pair, as fp32.
@@ -121,9 +117,15 @@ __device__ __forceinline__ void GroupSteps(float (&part)[4], AFn&& a_of, BFn&& b
 template <typename T, bool ZP>
 struct QuantSlice {
   static constexpr int kStride = static_cast<int>(HcFastQuantStride(kHcFastQuantKs / 2));
+  static constexpr int kGroups = static_cast<int>(kHcFastQuantKs) / kQuantGroupK;
   uint8_t* bytes;
   unsigned *scale_words, *zero_point_words;
-  int k_blocks, block_size, k0;
+  int k_blocks, block_size, k0, zero_row;
+  // Per group, computed before the wait (no division after it): its k-block, and where its scale sits in the
+  // scale word of an even and of an odd column (element n * k_blocks + block of the word holding the slice's
+  // first: the same word, as block_size 32 starts a slice at an even block and k_blocks is then even).
+  int block[kGroups];
+  unsigned even_shift[kGroups], odd_shift[kGroups];
 
   __device__ __forceinline__ QuantSlice(unsigned char* smem, const HcFastStage1Layout& layout, int K, int bs, int k)
       : bytes(smem + layout.tile),
@@ -131,7 +133,15 @@ struct QuantSlice {
         zero_point_words(reinterpret_cast<unsigned*>(smem + layout.q_zero_points)),
         k_blocks((K + bs - 1) / bs),
         block_size(bs),
-        k0(k) {}
+        k0(k),
+        zero_row((k_blocks + 1) / 2) {
+#pragma unroll
+    for (int G = 0; G < kGroups; ++G) {
+      block[G] = (k0 + G * kQuantGroupK) / block_size;
+      even_shift[G] = 16u * (block[G] & 1);
+      odd_shift[G] = 16u * ((block[G] ^ k_blocks) & 1);
+    }
+  }
 
   // The copies of `cols` columns (N real), by the CTA's threads; committed by the caller.
   __device__ __forceinline__ void Copy(const HcFastQuantWeights<T>& w, int N, int cols, int tid, int threads) const {
@@ -145,8 +155,7 @@ struct QuantSlice {
         *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
       }
     }
-    const int b = k0 / block_size;
-    const size_t zero_row = (k_blocks + 1) / 2;
+    const int b = block[0];
     for (int n = tid; n < cols; n += threads) {
       if (n >= N) {
         scale_words[n] = 0u;
@@ -156,29 +165,33 @@ struct QuantSlice {
       const size_t idx = static_cast<size_t>(n) * k_blocks + b;
       CopyWordHolding(scale_words + n, reinterpret_cast<const uint8_t*>(w.scales), 2 * idx);
       if (ZP && w.zero_points != nullptr) {
-        CopyWordHolding(zero_point_words + n, w.zero_points, n * zero_row + b / 2);
+        CopyWordHolding(zero_point_words + n, w.zero_points, static_cast<size_t>(n) * zero_row + b / 2);
       }
     }
   }
 
-  // acc = A[16 x 64] @ the 8-column tile from n0, A in shared memory: a_rows rows then a zero row (stride lda,
-  // k from the slice's start). mma's accumulator layout: lane (g, t) rows g and g + 8, columns 2t, 2t + 1.
+  // acc = A[16 x 64] @ the 8-column tile from n0 (a multiple of 8), A in shared memory in QuantPosition order:
+  // a_rows rows then a zero row (stride lda, k from the slice's start). mma's accumulator layout: lane (g, t)
+  // rows g and g + 8, columns 2t, 2t + 1.
   __device__ __forceinline__ void MultiplyTile(const T* A, int a_rows, int lda, int n0, bool has_zero_points,
                                                float (&acc)[4]) const {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const T* row_lo = A + min(g, a_rows) * lda + 8 * t;
     const T* row_hi = A + min(g + 8, a_rows) * lda + 8 * t;
     const uint8_t* column = bytes + (n0 + g) * kStride + 4 * t;  // mma's B operand: column g
-    const uint2 scales = *reinterpret_cast<const uint2*>(scale_words + n0 + 2 * t);  // columns 2t, 2t + 1
+    const uint2 scales = *reinterpret_cast<const uint2*>(scale_words + n0 + 2 * t);  // columns 2t (even), 2t + 1
     const unsigned zero_word = ZP && has_zero_points ? zero_point_words[n0 + g] : 0u;
+    const unsigned zero_byte = ZP && has_zero_points ? static_cast<unsigned>(n0 + g) * zero_row : 0u;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
 #pragma unroll
-    for (int G = 0; G < kHcFastQuantKs / kQuantGroupK; ++G) {
-      const int b = (k0 + G * kQuantGroupK) / block_size;
+    for (int G = 0; G < kGroups; ++G) {
       const unsigned word = *reinterpret_cast<const unsigned*>(column + 16 * G);
-      const unsigned lo = word & 0x0f0f0f0fu, hi = (word >> 4) & 0x0f0f0f0fu;
-      const unsigned zb = QuantZeroBias<T>(
-          ZP && has_zero_points ? ZeroPointIn(zero_word, static_cast<size_t>(n0 + g), (k_blocks + 1) / 2, b) : 8u);
+      unsigned z = 8u;
+      if (ZP && has_zero_points) {
+        const unsigned byte = zero_byte + block[G] / 2;
+        z = (zero_word >> (8 * (byte & 3) + 4 * (block[G] & 1))) & 15u;
+      }
+      const unsigned zb = QuantZeroBias<T>(z);
       float part[4];
       GroupSteps<T>(
           part,
@@ -187,13 +200,12 @@ struct QuantSlice {
             const uint2 x1 = *reinterpret_cast<const uint2*>(row_hi + G * kQuantGroupK + 4 * s);
             a[0] = x0.x, a[1] = x1.x, a[2] = x0.y, a[3] = x1.y;
           },
-          [&](auto s, unsigned (&b2)[2]) {
-            b2[0] = QuantPair<T, 2 * decltype(s)::value>(lo, hi, zb);
-            b2[1] = QuantPair<T, 2 * decltype(s)::value + 1>(lo, hi, zb);
+          [&](auto s, unsigned (&b)[2]) {
+            b[0] = QuantNibblePair<T, 2 * decltype(s)::value>(word, zb);
+            b[1] = QuantNibblePair<T, 2 * decltype(s)::value + 1>(word, zb);
           });
-      const size_t i0 = static_cast<size_t>(n0 + 2 * t) * k_blocks + b;
-      const float s0 = ScaleOf<T, 0>(ScaleBitsIn(scales.x, i0));
-      const float s1 = ScaleOf<T, 0>(ScaleBitsIn(scales.y, i0 + k_blocks));
+      const float s0 = ScaleOf<T, 0>(scales.x >> even_shift[G]);
+      const float s1 = ScaleOf<T, 0>(scales.y >> odd_shift[G]);
       acc[0] = fmaf(part[0], s0, acc[0]);
       acc[1] = fmaf(part[1], s1, acc[1]);
       acc[2] = fmaf(part[2], s0, acc[2]);
@@ -283,7 +295,7 @@ struct QuantUpRegs {
 
   // acc = (X[xr .. xr + 8) @ W[this warp's groups of k, tile columns])^T in mma's layout with the rows on N:
   // lane (g, t) holds columns g (e = 0, 1) and g + 8 (e = 2, 3) of rows xr + 2t + (e & 1). X [rows][k] in
-  // shared memory (stride ldx), x_rows real rows (the others multiply as zeros).
+  // shared memory in QuantPosition order (stride ldx), x_rows real rows (the others multiply as zeros).
   __device__ __forceinline__ void Multiply(const T* X, int x_rows, int ldx, int xr, float (&acc)[4]) const {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const bool x_real = xr + g < x_rows;
@@ -292,19 +304,17 @@ struct QuantUpRegs {
 #pragma unroll
     for (int G = 0; G < kQuantUpGroups; ++G) {
       if (G >= count) break;
-      const unsigned lo0 = w[0][G] & 0x0f0f0f0fu, hi0 = (w[0][G] >> 4) & 0x0f0f0f0fu;
-      const unsigned lo1 = w[1][G] & 0x0f0f0f0fu, hi1 = (w[1][G] >> 4) & 0x0f0f0f0fu;
       const unsigned zb0 = ZP ? ZeroBiasAt<T>(zero_points[0], G) : QuantZeroBias<T>(8);
       const unsigned zb1 = ZP ? ZeroBiasAt<T>(zero_points[1], G) : QuantZeroBias<T>(8);
       float part[4];
       GroupSteps<T>(
           part,
           [&](auto s, unsigned (&a)[4]) {
-            constexpr int B = 2 * decltype(s)::value;
-            a[0] = QuantPair<T, B>(lo0, hi0, zb0);
-            a[1] = QuantPair<T, B>(lo1, hi1, zb1);
-            a[2] = QuantPair<T, B + 1>(lo0, hi0, zb0);
-            a[3] = QuantPair<T, B + 1>(lo1, hi1, zb1);
+            constexpr int J = 2 * decltype(s)::value;
+            a[0] = QuantNibblePair<T, J>(w[0][G], zb0);
+            a[1] = QuantNibblePair<T, J>(w[1][G], zb1);
+            a[2] = QuantNibblePair<T, J + 1>(w[0][G], zb0);
+            a[3] = QuantNibblePair<T, J + 1>(w[1][G], zb1);
           },
           [&](auto s, unsigned (&b)[2]) {
             const uint2 x = x_real ? *reinterpret_cast<const uint2*>(x_row + G * kQuantGroupK + 4 * s)
