@@ -114,9 +114,11 @@ __device__ __forceinline__ void Stage1Body(const HcFastArgs<T>& args, const HcFa
   DownWeightRegs<RegWeightSteps<D, REGW>::value> wregs;
   const int ntiles = d.R / 8 + 1;  // down's column tiles, then inject's (padded)
   const QuantSlice<T, ZP> qslice(smem, layout, d.K, QUANT ? d.block_size : 1, k0);
-  // QUANT: warp w multiplies tiles w, w + warps, ... (at most 4: R + C <= 384); their reducing ranks, found
-  // before the wait (a division)
+  // QUANT: warp w multiplies tiles w, w + warps, ... (at most 4 a warp); their reducing ranks, found before
+  // the wait (a division)
   constexpr int kQuantTilesPerWarp = 4;
+  static_assert(kQuantTilesPerWarp * (kStage1Threads / 32) >= kHcFastQuantMaxR / 8 + 1,
+                "every quantized stage 1 tile (R / 8 of down, one of inject) has a warp");
   int quant_owner[kQuantTilesPerWarp];
 #pragma unroll
   for (int u = 0; u < kQuantTilesPerWarp; ++u) quant_owner[u] = (warp + u * num_warps) * 8 / d.per1;
