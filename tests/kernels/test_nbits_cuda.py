@@ -1,6 +1,9 @@
-"""The general CUDA kernels of ai.hcfuse::HyperConnectionLowRankMixNBits (kernels/src/cuda/nbits/) inside
+"""The general CUDA path of ai.hcfuse::HyperConnectionLowRankMixNBits (kernels/src/cuda/nbits/) inside
 onnxruntime CUDA sessions against hcfuse.reference_nbits. Every session here sets HCFUSE_FORCE_PATH=general (the
-decode-sized 4-bit calls the glue would give the fast path's quantized kernels: test_nbits_fast_cuda.py).
+decode-sized 4-bit calls the glue would give the fast path's quantized kernels: test_nbits_fast_cuda.py). The
+path has two routes: the CUDA-core kernels (hc_nbits.cu) below 64 rows and for the forms the GEMM route refuses,
+and from 64 rows the GEMM route (hc_nbits_gemm.cu: the weights dequantized into per-call scratch as T terms whose
+sum is exact, the products on cuBLASLt). Cases with at least 64 rows check which route ran (HCFUSE_DEBUG's line).
 
 Every session here is made with session.disable_cpu_ep_fallback, so it cannot be built unless the node runs
 on the CUDA provider (test_the_node_runs_on_cuda shows that the setting refuses a node left to the CPU).
@@ -58,6 +61,9 @@ def general_path(monkeypatch):
 QWEN = QWEN_SHAPE
 SLICE_K = 128  # kHcNBitsSliceK
 CHUNK_ROWS = 256  # kHcNBitsChunkRows
+GEMM_MIN_ROWS = 64  # kHcNBitsGemmMinRows
+GEMM_ROUTE = "general path: GEMM route"
+CUDA_CORE_ROUTE = "general path: CUDA-core kernels"
 _SAMPLE = 40  # reference rows of a long case (the reference and the kernel are row independent)
 
 
@@ -110,6 +116,23 @@ def check_case(lib, feeds, *, C, dtype, streams_out=True, initializers=(), what=
     return got
 
 
+def gemm_refusal(dtype, zp: str, quantized=("down_inject", "up"), constant: bool = True) -> str | None:
+    """Why the GEMM route refuses a call of at least 64 rows (the glue's debug line), None where it runs it."""
+    if np.dtype(dtype).itemsize == 2 and zp == "T" and quantized:
+        return "zero points of T"
+    if np.dtype(dtype) == np.float16 and quantized and not constant:
+        return "float16 weights not known to lie in float16's range"
+    return None
+
+
+def assert_route(err: str, refusal: str | None, what: str) -> None:
+    """err (stderr under HCFUSE_DEBUG=1) says the call took the GEMM route, or the CUDA-core kernels for refusal."""
+    if refusal is None:
+        assert GEMM_ROUTE in err and "HyperConnectionLowRankMixNBits GEMM route" in err, f"{what}: {err}"
+    else:
+        assert f"{CUDA_CORE_ROUTE} (GEMM route: {refusal}" in err, f"{what}: {err}"
+
+
 # ---- every form -------------------------------------------------------------------------------------------
 
 
@@ -141,6 +164,60 @@ def test_block_sizes(hcfuse_lib, rng, dtype, block_size, bits, zp):
     feeds = random_nbits_inputs(C, H, R, dtype, rng, bits=bits, block_size=block_size, zp=zp, lead=(4,))
     check_case(hcfuse_lib, feeds, C=C, dtype=dtype, bits=bits, block_size=block_size,
                what=f"{bits} bits, block_size {block_size}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zp", ZP_FORMS)
+@pytest.mark.parametrize("quantized", list(QUANTIZED), ids=list(QUANTIZED))
+def test_gemm_route_forms(hcfuse_lib, monkeypatch, capfd, rng, dtype, bits, zp, quantized):
+    """test_forms' shape at 64 rows with constant weights: the GEMM route for every form it takes (a dequantized
+    down_inject's N = R + C = 10 padded to 16 columns, K = 39 ending inside a block of 16 and a chunk of 32; a
+    dense projection used in place), the CUDA-core kernels, with the reason, for zero points of T in 16-bit T."""
+    _require_dtype(dtype)
+    monkeypatch.setenv("HCFUSE_DEBUG", "1")
+    C, H, R = 3, 13, 7
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, quantized=QUANTIZED[quantized], bits=bits, block_size=16,
+                                zp=zp, lead=(GEMM_MIN_ROWS,), prologue=True)
+    weights = [n for n in feeds if n not in ACTIVATIONS]
+    what = f"{bits} bits, zp {zp}, {quantized} quantized, {GEMM_MIN_ROWS} rows"
+    check_case(hcfuse_lib, feeds, C=C, dtype=dtype, initializers=weights, bits=bits, block_size=16, what=what,
+               **ODD_ATTRS)
+    assert_route(capfd.readouterr().err, gemm_refusal(dtype, zp, QUANTIZED[quantized]), what)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128, 256, 1024])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gemm_route_block_sizes(hcfuse_lib, monkeypatch, capfd, rng, dtype, block_size, bits):
+    """test_block_sizes' shape (down's K = 600 and up's K = 140 end inside a block at every block size) at 100
+    rows, packed zero points, on the GEMM route."""
+    _require_dtype(dtype)
+    monkeypatch.setenv("HCFUSE_DEBUG", "1")
+    C, H, R = 2, 300, 140
+    feeds = random_nbits_inputs(C, H, R, dtype, rng, bits=bits, block_size=block_size, zp="packed", lead=(100,))
+    weights = [n for n in feeds if n not in ACTIVATIONS]
+    what = f"{bits} bits, block_size {block_size}, 100 rows"
+    check_case(hcfuse_lib, feeds, C=C, dtype=dtype, initializers=weights, bits=bits, block_size=block_size,
+               what=what)
+    assert_route(capfd.readouterr().err, None, what)
+
+
+def test_float16_weights_the_gemm_route_cannot_hold(hcfuse_lib, monkeypatch, capfd, rng):
+    """float16 terms hold a weight only within float16's range: a constant scale with |scale| * (2^bits - 1) >
+    65504, and scales given as graph inputs (never read on the host), leave the call to the CUDA-core kernels,
+    which take it within the bound."""
+    monkeypatch.setenv("HCFUSE_DEBUG", "1")
+    C, H, R = 2, 64, 8
+    feeds = random_nbits_inputs(C, H, R, np.float16, rng, lead=(GEMM_MIN_ROWS,))
+    feeds["up_scales"] = feeds["up_scales"].copy()
+    feeds["up_scales"][0, 0] = 5000.0  # 15 * 5000 > 65504 ...
+    feeds["up_weight"] = feeds["up_weight"].copy()
+    feeds["up_weight"][0, 0, :] = 0x88  # ... over a block of q = 8 (weights 0, no sum overflows)
+    weights = [n for n in feeds if n not in ACTIVATIONS]
+    for initializers, what in ((weights, "a constant scale of 5000"), ((), "scales as graph inputs")):
+        check_case(hcfuse_lib, feeds, C=C, dtype=np.float16, initializers=initializers, what=what)
+        assert_route(capfd.readouterr().err, "float16 weights not known to lie in float16's range", what)
 
 
 # leading dims: 0 rows (no kernel launched), one row without leading dims, 1, 3, 16, 17 rows (row tiles of 1, 2,
@@ -223,28 +300,32 @@ def test_real_shape(hcfuse_lib, dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float32], ids=["float16", "bfloat16", "float32"])
-def test_real_shape_prefill_and_row_independence(hcfuse_lib, dtype):
-    """4099 rows (16 chunks of 256 and a short one) against the reference on a sample of rows; rows alone and
-    in smaller batches (other chunk and tile splits) give the bits they have among 4099; two runs and a second
+def test_real_shape_prefill_and_row_independence(hcfuse_lib, monkeypatch, capfd, dtype):
+    """4099 rows (the GEMM route's long prefill range) against the reference on a sample of rows; the range's
+    other batches (4096 rows from row 0 and from row 3) give the bits they have among 4099; two runs and a second
     session give the same bits."""
     _require_dtype(dtype)
     rows = 4099
     weights = _real_weights(np.dtype(dtype).name, symmetric=False)
     acts = random_activations((rows,), QWEN["C"], QWEN["H"], dtype, np.random.default_rng(4099), prologue=True)
     model = _real_model(dtype, weights)
+    monkeypatch.setenv("HCFUSE_DEBUG", "1")
     session = cuda_nbits_session(model, hcfuse_lib)
 
     def run(lo, hi, s=session):
         return run_bound(s, {k: v[lo:hi] for k, v in acts.items()}, device="cuda")
 
     full = run(0, rows)
+    err = capfd.readouterr().err
+    assert_route(err, None, f"real shape, {rows} rows")
+    assert "GEMM route (long prefill range)" in err, err
     check_bounds(full, {**weights, **acts}, C=QWEN["C"], what=f"real shape, {rows} rows", rows=_sample(rows),
                  **QWEN_ATTRIBUTES)
     for name, value in run(0, rows).items():
         assert_bitwise_equal(value, full[name], f"determinism (same session) {name}")
     for name, value in run(0, rows, cuda_nbits_session(model, hcfuse_lib)).items():
         assert_bitwise_equal(value, full[name], f"determinism (second session) {name}")
-    for lo, hi in [(0, 1), (5, 6), (4098, 4099), (0, 16), (9, 26), (250, 262), (1000, 1300), (3800, 4099)]:
+    for lo, hi in [(0, 4096), (3, 4099)]:
         for name, value in run(lo, hi).items():
             assert_bitwise_equal(value, full[name][lo:hi], f"rows [{lo}, {hi}) alone vs in {rows}: {name}")
 
@@ -252,9 +333,14 @@ def test_real_shape_prefill_and_row_independence(hcfuse_lib, dtype):
 # ---- determinism, row independence and CUDA graphs on a small shape -------------------------------------
 
 
+# The general path's row ranges, in each of which a row keeps its bits at every row count: the CUDA-core kernels
+# (1-63 rows), then the GEMM route's few-row (64-255), mid (256-1023), prefill (1024-4095) and long prefill
+# ranges (kernels/src/cuda/general/hc_gemm.h: each its own K split and pinned cuBLASLt plans).
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_row_independence_and_determinism(hcfuse_lib, rng, dtype):
-    """Every row of 300 (two chunks) gives the bits it has alone and in batches of 2 ... 257 rows."""
+    """Within each row range a row gives the bits it has in that range's largest batch here (63, 255 and 300
+    rows: two chunks of the CUDA-core kernels' 256 are not reached below 64 rows, so 300 covers the GEMM route's
+    mid range), alone or in any batch of the range; two runs give the same bits."""
     _require_dtype(dtype)
     C, H, R, rows = 4, 160, 40, 300
     feeds = random_nbits_inputs(C, H, R, dtype, rng, zp="packed", bits=8, block_size=64, lead=(rows,), prologue=True)
@@ -270,18 +356,27 @@ def test_row_independence_and_determinism(hcfuse_lib, rng, dtype):
     check_bounds(full, feeds, C=C, what="300 rows", bits=8, block_size=64)
     for name, value in run(0, rows).items():
         assert_bitwise_equal(value, full[name], f"determinism {name}")
-    for lo, hi in [(0, 1), (255, 256), (256, 257), (299, 300), (3, 5), (10, 27), (40, 297), (0, 257)]:
-        for name, value in run(lo, hi).items():
-            assert_bitwise_equal(value, full[name][lo:hi], f"rows [{lo}, {hi}) alone vs in {rows}: {name}")
+    ranges = {63: [(0, 1), (3, 5), (10, 27), (62, 63), (0, 63)],     # CUDA-core kernels
+              255: [(0, 64), (100, 200), (191, 255), (0, 255)],      # GEMM route, few-row range
+              rows: [(0, 256), (44, 300), (3, 299)]}                 # GEMM route, mid range
+    for largest, batches in ranges.items():
+        ref = full if largest == rows else run(0, largest)
+        if largest != rows:
+            check_bounds(ref, {**feeds, **{k: v[:largest] for k, v in acts.items()}}, C=C, what=f"{largest} rows",
+                         bits=8, block_size=64)
+        for lo, hi in batches:
+            for name, value in run(lo, hi).items():
+                assert_bitwise_equal(value, ref[name][lo:hi], f"rows [{lo}, {hi}) alone vs in {largest}: {name}")
 
 
+@pytest.mark.parametrize("rows", [4, GEMM_MIN_ROWS], ids=["cuda-core", "gemm-route"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_cuda_graph_replay_equals_eager(hcfuse_lib, rng, dtype):
-    """The real shape under enable_cuda_graph with IO binding: replays (also after new input data is copied
-    into the bound buffers) give the bits eager execution gives."""
+def test_cuda_graph_replay_equals_eager(hcfuse_lib, rng, dtype, rows):
+    """The real shape under enable_cuda_graph with IO binding, on both routes: replays (also after new input
+    data is copied into the bound buffers) give the bits eager execution gives."""
     _require_dtype(dtype)
     dtype = np.dtype(dtype)
-    C, H, rows = QWEN["C"], QWEN["H"], 4
+    C, H = QWEN["C"], QWEN["H"]
     weights = _real_weights(dtype.name)
     model = _real_model(dtype, weights)
     inputs = [random_activations((rows,), C, H, dtype, rng, prologue=True) for _ in range(2)]

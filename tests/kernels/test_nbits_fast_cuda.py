@@ -160,4 +160,4 @@ def test_debug_line_names_the_fast_path(hcfuse_lib, rng, monkeypatch, capfd):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_cuda_graph_replay_equals_eager(hcfuse_lib, rng, dtype):
     """The general kernels' CUDA-graph test (the real shape, 4 rows) on the fast path."""
-    general_tests.test_cuda_graph_replay_equals_eager(hcfuse_lib, rng, dtype)
+    general_tests.test_cuda_graph_replay_equals_eager(hcfuse_lib, rng, dtype, rows=4)

@@ -8,12 +8,15 @@
 #include <cuda_runtime.h>
 #include <onnxruntime_cxx_api.h>
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace hcfuse {
 
@@ -63,6 +66,29 @@ inline bool InputsAreConstant(const OrtApi& api, const OrtKernelInfo* info, size
     int is_constant = 0;
     const OrtValue* value = nullptr;
     if (!ok(api.KernelInfoGetConstantInput_tensor(info, i, &is_constant, &value)) || !is_constant) return false;
+  }
+  return true;
+}
+
+// Whether the float16 input `index` (a projection's scales) is a constant initializer whose every value s has
+// |s| * (2^bits - 1) <= 65504, so that no weight (q - zero point) * s of the projection leaves float16's range.
+// Read once, when the kernel is created (copied to the host where the value lies on the device).
+inline bool Float16ScalesInRange(const OrtKernelInfo* info, size_t index, int64_t bits) {
+  int is_constant = 0;
+  const Ort::ConstValue value = Ort::ConstKernelInfo(info).GetTensorConstantInput(index, &is_constant);
+  if (!is_constant || value == nullptr) return false;
+  const size_t count = value.GetTensorTypeAndShapeInfo().GetElementCount();
+  std::vector<uint16_t> bits16(count);
+  const void* data = value.GetTensorRawData();
+  if (value.GetTensorMemoryInfo().GetDeviceType() == OrtMemoryInfoDeviceType_GPU) {
+    if (cudaMemcpy(bits16.data(), data, count * sizeof(uint16_t), cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+  } else {
+    std::memcpy(bits16.data(), data, count * sizeof(uint16_t));
+  }
+  const double limit = 65504.0 / static_cast<double>((int64_t{1} << bits) - 1);
+  for (uint16_t b : bits16) {
+    const float s = Ort::Float16_t::FromBits(b).ToFloat();
+    if (!(std::fabs(s) <= limit)) return false;  // NaN too
   }
   return true;
 }

@@ -2,8 +2,9 @@
 // call checked and its outputs allocated as on the CPU (PrepareHcNBitsCall, hc_lowrank_mix_nbits_op.h),
 // scratch from ORT's CUDA allocator, the kernels launched on ORT's compute stream: the fast path's quantized
 // kernels (cuda/fast/hc_fast_path.h: float16 and bfloat16, 4 bits, both projections quantized, no zero points
-// of T, block_size >= 32, decode-sized row counts, the shapes HcFastPlanFor takes) or else the general
-// quantized kernels (cuda/nbits/hc_nbits_cuda.h). HCFUSE_FORCE_PATH=general|fast pins one. It never synchronizes the host and keeps no state beyond the node's attributes and device, so
+// of T, block_size >= 32, decode-sized row counts, the shapes HcFastPlanFor takes) or else the general path: the
+// GEMM route from 64 rows where it can run the call (cuda/nbits/hc_nbits_gemm.h), else the CUDA-core quantized
+// kernels (cuda/nbits/hc_nbits_cuda.h). HCFUSE_FORCE_PATH=general|fast pins the path. It never synchronizes the host and keeps no state beyond the node's attributes and device, so
 // the op is CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch; a product
 // reads its quantized weight before the kernel before it has ended only where B, scales and zero points are
 // constant initializers (never written), everything else after.
@@ -18,7 +19,9 @@
 #include "cuda/common/hc_device_caps.h"
 #include "cuda/fast/hc_fast_path.h"
 #include "cuda/fast/hc_fast_plan.h"
+#include "cuda/general/hc_gemm.h"
 #include "cuda/nbits/hc_nbits_cuda.h"
+#include "cuda/nbits/hc_nbits_gemm.h"
 #include "ort/cuda_glue.h"
 #include "ort/hc_lowrank_mix_nbits_op.h"
 
@@ -30,7 +33,7 @@ struct NBitsCudaKernel {
   using S = typename CudaTypeOf<T>::type;
 
   NBitsCudaKernel(const OrtApi& api, const OrtKernelInfo* info, const HcNBitsAttrs& attrs)
-      : attrs_(attrs), forced_(ReadForcedPath(kNBitsOpName)), debug_(ReadDebugFlag()) {
+      : attrs_(attrs), forced_(ReadForcedPath(kNBitsOpName)), debug_(ReadDebugFlag()), gemm_(debug_) {
     ThrowIfCudaFailed(cudaGetDevice(&device_), "cudaGetDevice", kNBitsOpName);
     ThrowIfCudaFailed(cuda::QueryHcDeviceCaps(device_, &caps_), "cudaDeviceGetAttribute (the device's capabilities)",
                       kNBitsOpName);
@@ -41,6 +44,17 @@ struct NBitsCudaKernel {
     options_.up_constant = options_.pdl && InputsAreConstant(api, info, kUpWeight, kUpWeight + 3);
     fast_weights_constant_ = options_.down_inject_constant && options_.up_constant &&
                              InputsAreConstant(api, info, kNormScale, kNormScale + 1);
+    gemm_options_.pdl = options_.pdl;
+    if constexpr (std::is_same_v<S, __half>) {
+      // a quantized projection's scales (the input after its B); a dense projection has none
+      auto in_range = [&](size_t weight) {
+        size_t count = 0;
+        Ort::ThrowOnError(api.KernelInfo_GetInputCount(info, &count));
+        const bool quantized = weight + 1 < count && !Ort::ConstKernelInfo(info).GetInputName(weight + 1).empty();
+        return !quantized || Float16ScalesInRange(info, weight + 1, attrs_.bits);
+      };
+      gemm_options_.float16_weights_in_range = in_range(kDownInjectWeight) && in_range(kUpWeight);
+    }
   }
 
   Ort::Status Compute(OrtKernelContext* context) {
@@ -62,6 +76,13 @@ struct NBitsCudaKernel {
     }
     if (debug_) PrintCall(call, plan);
     if (plan.ok()) return RunFast(context, params, tensors, plan, stream);
+    const std::string gemm_refusal = cuda::HcNBitsGemmRefusal<S>(params, tensors, gemm_options_);
+    if (debug_) {
+      const std::string route =
+          gemm_refusal.empty() ? "GEMM route" : "CUDA-core kernels (GEMM route: " + gemm_refusal + ")";
+      std::fprintf(stderr, "hcfuse: %s general path: %s\n", kNBitsOpName, route.c_str());
+    }
+    if (gemm_refusal.empty()) return RunGemm(context, params, tensors, stream);
     const CudaScratch scratch =
         AllocateCudaScratch(context, device_, cuda::HcNBitsScratchBytes<S>(params), kNBitsOpName);
     const cuda::HcLaunchStatus s = cuda::LaunchHcNBits<S>(params, tensors, scratch.get(), options_, stream);
@@ -124,6 +145,17 @@ struct NBitsCudaKernel {
     }
   }
 
+  Ort::Status RunGemm(OrtKernelContext* context, const HcNBitsParams& params, const HcNBitsTensors<S>& t,
+                      cudaStream_t stream) {
+    const CudaScratch scratch =
+        AllocateCudaScratch(context, device_, cuda::HcNBitsGemmScratchBytes<S>(params, t, caps_), kNBitsOpName);
+    const cuda::HcLaunchStatus s =
+        cuda::LaunchHcNBitsGemm<S>(params, t, caps_, gemm_options_, scratch.get(), gemm_, stream, debug_);
+    if (s.ok()) return Ort::Status{nullptr};
+    return Ort::Status((std::string(kNBitsOpName) + " (CUDA): LaunchHcNBitsGemm failed: " + s.Message()).c_str(),
+                       ORT_RUNTIME_EXCEPTION);
+  }
+
   // HCFUSE_DEBUG's line: the call, the path and where each projection's weights are read.
   void PrintCall(const HcNBitsCall<T>& call, const HcFastPlan& plan) const {
     const HcLowRankMixParams& m = call.form.params.mix;
@@ -150,6 +182,8 @@ struct NBitsCudaKernel {
   int device_ = 0;
   HcDeviceCaps caps_;  // read once: whether the kernels run their sm_90 code (PDL)
   cuda::HcNBitsLaunchOptions options_;
+  cuda::HcNBitsGemmOptions gemm_options_;
+  cuda::HcLtGemm gemm_;  // the GEMM route's cuBLASLt handle and pinned plans, one per kernel instance
 };
 
 constexpr const char* kCudaProvider = "CUDAExecutionProvider";

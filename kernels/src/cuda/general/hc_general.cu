@@ -44,6 +44,7 @@
 #include "cuda/common/hc_ptx.cuh"
 #include "cuda/common/hc_sigmoid_table.cuh"
 #include "cuda/general/hc_gemm.h"
+#include "cuda/general/hc_general_stages.h"
 #include "cuda/general/hc_norm_inject.h"
 #include "cuda/general/hc_up_gate.h"
 
@@ -64,7 +65,7 @@ constexpr int64_t kTableMinRows = kHcLongPrefillMinRows;
 // Grid cap of the element-wise kernels, which loop over elements (rows: kMaxRowBlocks, hc_common.cuh).
 constexpr int64_t kMaxElementwiseBlocks = int64_t{1} << 16;
 
-// Row chunks of the split down product (SplitChunkRows).
+// Row chunks of a split product (HcSplitChunkRows).
 constexpr int64_t kChunkRowsMultiple = 128;
 constexpr int64_t kMaxChunkRows = 1024;
 constexpr int64_t kMaxPrefillChunkRows = 4096;
@@ -251,105 +252,26 @@ unsigned ElementwiseBlocks(int64_t count) {
       std::max<int64_t>(1, std::min((count + kElementwiseThreads - 1) / kElementwiseThreads, kMaxElementwiseBlocks)));
 }
 
-// A failed step as a status (ok when e is the success value of its kind).
-HcLaunchStatus CudaFailure(const char* step, cudaError_t e) {
-  return e == cudaSuccess ? HcLaunchStatus{} : HcLaunchStatus{step, e, CUBLAS_STATUS_SUCCESS};
-}
-HcLaunchStatus CublasFailure(const char* step, cublasStatus_t e) {
-  return e == CUBLAS_STATUS_SUCCESS ? HcLaunchStatus{} : HcLaunchStatus{step, cudaSuccess, e};
-}
-
 // One plain GEMM of the general path (out rounded to T): cuBLASLt's pinned algorithm, or the fallback
 // kernel where there is none.
 template <typename T>
 HcLaunchStatus Gemm(const char* step, HcLtGemm& gemm, const T* act, const T* weight, T* out, int64_t M, int64_t N,
                     int64_t K, int64_t plan_rows, void* workspace, cudaStream_t stream) {
   bool available = false;
-  if (auto s = CublasFailure(step, gemm.Available<T>(act, weight, out, N, K, &available, plan_rows)); !s.ok()) return s;
-  if (available) return CublasFailure(step, gemm.Run<T>(act, weight, out, M, N, K, workspace, stream, plan_rows));
+  if (auto s = HcCublasStatus(step, gemm.Available<T>(act, weight, out, N, K, &available, plan_rows)); !s.ok()) return s;
+  if (available) return HcCublasStatus(step, gemm.Run<T>(act, weight, out, M, N, K, workspace, stream, plan_rows));
   const unsigned blocks = static_cast<unsigned>(std::min(M, kMaxRowBlocks));
   HcFallbackGemmKernel<T, T><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, out, M, N, K, 1, 0);
-  return CudaFailure("HcFallbackGemmKernel", cudaGetLastError());
-}
-
-// One split GEMM of the general path (fp32 partials, HcLtGemm::RunSplit's layout) for M rows: cuBLASLt
-// where `use_lt` (AvailableSplit, asked once per launch), else the fallback kernel.
-template <typename T>
-HcLaunchStatus SplitGemm(const char* step, HcLtGemm& gemm, bool use_lt, const T* act, const T* weight,
-                         float* partial, int64_t M, int64_t N, int64_t K, int64_t splits, int64_t plan_rows,
-                         void* workspace, cudaStream_t stream) {
-  if (use_lt) {
-    return CublasFailure(step, gemm.RunSplit<T>(act, weight, partial, M, N, K, splits, workspace, stream, plan_rows));
-  }
-  const unsigned blocks = static_cast<unsigned>(std::min(M * splits, kMaxRowBlocks));
-  HcFallbackGemmKernel<T, float><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, partial, M, N, K, splits,
-                                                                              HcPartialStride(M, N));
-  return CudaFailure("HcFallbackGemmKernel", cudaGetLastError());
-}
-
-// How the down and up products run in the row range of `rows` (see the file comment): the K split,
-// the rows both pinned algorithms are planned for, and the largest row chunk of the split product.
-struct RangePlan {
-  const char* name = "";
-  int64_t splits = 1, split_plan_rows = 0, up_plan_rows = 0, max_chunk_rows = 0;
-};
-
-RangePlan PlanRange(const HcLowRankMixParams& p) {
-  const int64_t K = p.width();
-  if (p.rows >= kHcLongPrefillMinRows) {
-    return {"long prefill", HcPrefillSplitCount(K), HcLtGemm::kLongPrefillPlanRows, HcLtGemm::kLongPrefillPlanRows,
-            kMaxPrefillChunkRows};
-  }
-  if (p.rows >= kHcPrefillMinRows) {
-    return {"prefill", HcPrefillSplitCount(K), HcLtGemm::kPrefillPlanRows, HcLtGemm::kPrefillPlanRows,
-            kMaxPrefillChunkRows};
-  }
-  if (p.rows >= kHcMidMinRows) {
-    return {"mid", HcMidSplitCount(K), HcLtGemm::kMidPlanRows, HcLtGemm::kPlanRows, kMaxChunkRows};
-  }
-  return {"few-row", HcSplitCount(K), HcLtGemm::kSplitPlanRows, HcLtGemm::kPlanRows, kMaxChunkRows};
-}
-
-// Rows per chunk of the split product. The fp32 partials take splits * R floats per row, so the
-// product runs over at most this many rows at a time and reuses one partial buffer: the largest
-// multiple of kChunkRowsMultiple whose partials fit kPartialBudgetBytes, within [kChunkRowsMultiple,
-// max_chunk_rows] (the real shape: 40 * 320 * 4 bytes a row -> 1024 rows, 52 MB; prefill 4 * 320 * 4
-// bytes a row -> 4096 rows, 21 MB). It depends on the shape and the range, never on the row count
-// inside the range, and chunking keeps rows independent: every chunk runs the same pinned algorithm
-// (its hn pointer is a multiple of kChunkRowsMultiple rows, so at least 256 bytes, past the previous
-// one, so the alignment HcLtGemm keys on is the same) and the same reduction.
-int64_t SplitChunkRows(const HcLowRankMixParams& p, const RangePlan& range) {
-  const int64_t per_row = range.splits * p.R * static_cast<int64_t>(sizeof(float));
-  const int64_t fit = kPartialBudgetBytes / per_row / kChunkRowsMultiple * kChunkRowsMultiple;
-  return std::min(std::max(fit, kChunkRowsMultiple), range.max_chunk_rows);
-}
-
-// The fused up/gate kernel's arguments for this call (up_weight and pre_output from the call; hidden and hn
-// in scratch, 256-byte aligned).
-template <typename T>
-HcUpGateArgs<T> UpGateArgs(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const T* hidden, const T* hn) {
-  return {hidden, t.up_weight, hn, t.pre_output, p.rows, p.C, p.H, p.R, p.reduction_scale};
-}
-
-// Whether the fused up/gate kernel runs this call (its refusal checks the scratch pointers' alignment too:
-// a 256-byte aligned stand-in gives the same answer).
-template <typename T>
-bool RunsFusedUpGate(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const HcDeviceCaps& caps,
-                     const HcGeneralOptions& options) {
-  const T* aligned = reinterpret_cast<const T*>(uintptr_t{256});
-  const bool wanted = options.up_gate == HcUpGateRoute::kFused ||
-                      (options.up_gate == HcUpGateRoute::kAuto &&
-                       (std::is_same_v<T, __nv_bfloat16> || p.rows >= kHcMidMinRows));
-  return wanted && HcUpGateRefusal(UpGateArgs(p, t, aligned, aligned), caps).empty();
+  return HcCudaStatus("HcFallbackGemmKernel", cudaGetLastError());
 }
 
 // The scratch: hn, up (rows, C*H; empty where the fused kernel runs the up product); hidden (rows, R) in
-// T; then the fp32 partials of one chunk of m = min(rows, SplitChunkRows) rows: splits slices of down
+// T; then the fp32 partials of one chunk of m = min(rows, HcSplitChunkRows) rows: splits slices of down
 // (HcPartialStride(m, R) floats each), then cuBLASLt's workspace (HcLtGemm::kWorkspaceBytes). Every part
 // starts 256-byte aligned (offsets from the base are multiples of kScratchAlign).
 struct ScratchLayout {
-  RangePlan range;
-  int64_t chunk_rows = 0;  // min(rows, SplitChunkRows(p, range))
+  HcRangePlan range;
+  int64_t chunk_rows = 0;  // min(rows, HcSplitChunkRows(...))
   size_t hn = 0, up = 0, hidden = 0, down_partial = 0, workspace = 0, total = 0;  // byte offsets
 };
 
@@ -357,8 +279,8 @@ ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size
   const size_t rows = static_cast<size_t>(p.rows);
   const size_t width = static_cast<size_t>(p.width());
   ScratchLayout l;
-  l.range = PlanRange(p);
-  l.chunk_rows = std::min(p.rows, SplitChunkRows(p, l.range));
+  l.range = HcPlanRange(p.rows, p.width());
+  l.chunk_rows = std::min(p.rows, HcSplitChunkRows(l.range.splits * p.R, l.range));
   l.hn = 0;
   l.up = l.hn + AlignUp(rows * width * element_size);
   l.hidden = l.up + (fused_up_gate ? 0 : AlignUp(rows * width * element_size));
@@ -368,7 +290,117 @@ ScratchLayout MakeScratchLayout(const HcLowRankMixParams& p, size_t element_size
   l.total = l.workspace + HcLtGemm::kWorkspaceBytes;
   return l;
 }
+
+// The up stage of this call (scratch pointers as given: stand-ins before allocation).
+template <typename T>
+HcUpStage<T> UpStage(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const T* hidden, const T* hn, T* up) {
+  return {hidden, t.up_weight, hn, t.pre_output, up, p.rows, p.C, p.H, p.R, p.reduction_scale};
+}
+
+template <typename T>
+const T* AlignedStandIn() {
+  return reinterpret_cast<const T*>(uintptr_t{256});
+}
 }  // namespace
+
+HcLaunchStatus HcCudaStatus(const char* step, cudaError_t e) {
+  return e == cudaSuccess ? HcLaunchStatus{} : HcLaunchStatus{step, e, CUBLAS_STATUS_SUCCESS};
+}
+HcLaunchStatus HcCublasStatus(const char* step, cublasStatus_t e) {
+  return e == CUBLAS_STATUS_SUCCESS ? HcLaunchStatus{} : HcLaunchStatus{step, cudaSuccess, e};
+}
+
+HcRangePlan HcPlanRange(int64_t rows, int64_t K) {
+  if (rows >= kHcLongPrefillMinRows) {
+    return {"long prefill", HcPrefillSplitCount(K), HcLtGemm::kLongPrefillPlanRows, HcLtGemm::kLongPrefillPlanRows,
+            kMaxPrefillChunkRows};
+  }
+  if (rows >= kHcPrefillMinRows) {
+    return {"prefill", HcPrefillSplitCount(K), HcLtGemm::kPrefillPlanRows, HcLtGemm::kPrefillPlanRows,
+            kMaxPrefillChunkRows};
+  }
+  if (rows >= kHcMidMinRows) {
+    return {"mid", HcMidSplitCount(K), HcLtGemm::kMidPlanRows, HcLtGemm::kPlanRows, kMaxChunkRows};
+  }
+  return {"few-row", HcSplitCount(K), HcLtGemm::kSplitPlanRows, HcLtGemm::kPlanRows, kMaxChunkRows};
+}
+
+// The split product runs over at most this many rows at a time and reuses one partial buffer: the largest
+// multiple of kChunkRowsMultiple whose partials fit kPartialBudgetBytes, within [kChunkRowsMultiple,
+// max_chunk_rows] (the real shape: 40 * 320 * 4 bytes a row -> 1024 rows, 52 MB; prefill 4 * 320 * 4
+// bytes a row -> 4096 rows, 21 MB). It depends on the shape and the range, never on the row count
+// inside the range, and chunking keeps rows independent: every chunk runs the same pinned algorithm
+// (its act pointer is a multiple of kChunkRowsMultiple rows, so at least 256 bytes, past the previous
+// one, so the alignment HcLtGemm keys on is the same) and the same reduction.
+int64_t HcSplitChunkRows(int64_t partial_floats_per_row, const HcRangePlan& range) {
+  const int64_t per_row = partial_floats_per_row * static_cast<int64_t>(sizeof(float));
+  const int64_t fit = kPartialBudgetBytes / per_row / kChunkRowsMultiple * kChunkRowsMultiple;
+  return std::min(std::max(fit, kChunkRowsMultiple), range.max_chunk_rows);
+}
+
+template <typename T>
+HcLaunchStatus HcSplitGemm(const char* step, HcLtGemm& gemm, bool use_lt, const T* act, const T* weight,
+                           float* partial, int64_t M, int64_t N, int64_t K, int64_t splits, int64_t plan_rows,
+                           void* workspace, cudaStream_t stream) {
+  if (use_lt) {
+    return HcCublasStatus(step, gemm.RunSplit<T>(act, weight, partial, M, N, K, splits, workspace, stream, plan_rows));
+  }
+  const unsigned blocks = static_cast<unsigned>(std::min(M * splits, kMaxRowBlocks));
+  HcFallbackGemmKernel<T, float><<<blocks, kElementwiseThreads, 0, stream>>>(act, weight, partial, M, N, K, splits,
+                                                                              HcPartialStride(M, N));
+  return HcCudaStatus("HcFallbackGemmKernel", cudaGetLastError());
+}
+
+// The fused kernel where it is wanted (options.up_gate; kAuto: bfloat16 at every row count, float16 from the
+// mid range) and can run (its refusal checks the pointers' alignment too).
+template <typename T>
+bool HcUpStageFused(const HcUpStage<T>& s, const HcDeviceCaps& caps, const HcGeneralOptions& options) {
+  const bool wanted = options.up_gate == HcUpGateRoute::kFused ||
+                      (options.up_gate == HcUpGateRoute::kAuto &&
+                       (std::is_same_v<T, __nv_bfloat16> || s.rows >= kHcMidMinRows));
+  const HcUpGateArgs<T> args{s.hidden, s.up_weight, s.hn, s.pre_output, s.rows, s.C, s.H, s.R, s.reduction_scale};
+  return wanted && HcUpGateRefusal(args, caps).empty();
+}
+
+template <typename T>
+HcLaunchStatus LaunchHcUpStage(const HcUpStage<T>& s, int64_t plan_rows, const HcDeviceCaps& caps,
+                               const HcGeneralOptions& options, HcLtGemm& gemm, void* workspace, bool pdl,
+                               cudaStream_t stream, char* route, size_t route_size) {
+  if (HcUpStageFused(s, caps, options)) {
+    const HcUpGateArgs<T> args{s.hidden, s.up_weight, s.hn, s.pre_output, s.rows, s.C, s.H, s.R, s.reduction_scale};
+    if (auto st = HcCudaStatus("HcUpGateKernel", LaunchHcUpGate<T>(args, caps, pdl, stream)); !st.ok()) return st;
+    if (route != nullptr) std::snprintf(route, route_size, "up and gate epilogue fused (HcUpGateKernel)");
+    return {};
+  }
+  const int64_t width = s.C * s.H;
+  if (auto st = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, s.hidden, s.up_weight, s.up, s.rows, width,
+                        s.R, plan_rows, workspace, stream);
+      !st.ok()) {
+    return st;
+  }
+  const EpilogueArgs<T> epi{s.hn, s.up, s.pre_output, s.rows, s.C, s.H, s.reduction_scale};
+  const int epi_vec = PickVec<T>(s.H, {s.hn, s.up, s.pre_output});
+  const int64_t epi_count = s.rows * (s.H / epi_vec);
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const bool epi_table = kBf16 && s.rows >= kTableMinRows && caps.sm_count > 0;
+  const int epi_threads = epi_table ? kTableEpilogueThreads : kElementwiseThreads;
+  const unsigned epi_blocks =
+      epi_table ? static_cast<unsigned>(std::min<int64_t>((epi_count + epi_threads - 1) / epi_threads,
+                                                          int64_t{kTableBlocksPerSm} * caps.sm_count))
+                : ElementwiseBlocks(epi_count);
+  auto* epi_kernel = epi_table ? EpilogueKernel<T, kBf16>(epi_vec) : EpilogueKernel<T, false>(epi_vec);
+  if (auto st = HcCudaStatus("HcGateEpilogueKernel",
+                             Launch(epi_kernel, epi_blocks, epi_threads, 0, 1, pdl, stream, epi));
+      !st.ok()) {
+    return st;
+  }
+  if (route != nullptr) {
+    std::snprintf(route, route_size, "up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d%s)",
+                  static_cast<long long>(plan_rows), epi_blocks, epi_threads, epi_vec,
+                  epi_table ? ", sigmoid table" : "");
+  }
+  return {};
+}
 
 std::string HcLaunchStatus::Message() const {
   if (ok()) return {};
@@ -381,7 +413,9 @@ std::string HcLaunchStatus::Message() const {
 template <typename T>
 size_t HcGeneralScratchBytes(const HcLowRankMixParams& p, const HcDeviceTensors<T>& t, const HcDeviceCaps& caps,
                              const HcGeneralOptions& options) {
-  return MakeScratchLayout(p, sizeof(T), RunsFusedUpGate(p, t, caps, options)).total;
+  const T* stand_in = AlignedStandIn<T>();
+  return MakeScratchLayout(p, sizeof(T), HcUpStageFused(UpStage<T>(p, t, stand_in, stand_in, nullptr), caps, options))
+      .total;
 }
 
 template <typename T>
@@ -389,9 +423,10 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
                                const HcGeneralOptions& options, void* scratch, HcLtGemm& gemm, cudaStream_t stream,
                                bool debug) {
   const int64_t rows = p.rows, C = p.C, H = p.H, R = p.R, width = p.width();
-  const bool fused = RunsFusedUpGate(p, t, caps, options);
+  const T* stand_in = AlignedStandIn<T>();
+  const bool fused = HcUpStageFused(UpStage<T>(p, t, stand_in, stand_in, nullptr), caps, options);
   const ScratchLayout layout = MakeScratchLayout(p, sizeof(T), fused);
-  const RangePlan& range = layout.range;
+  const HcRangePlan& range = layout.range;
   char* base = static_cast<char*>(scratch);
   T* hn = reinterpret_cast<T*>(base + layout.hn);
   T* up = reinterpret_cast<T*>(base + layout.up);
@@ -403,13 +438,10 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   // LaunchNormInject does the norm kernel: each starts while the kernel before it ends and waits for it
   // before reading its outputs.
   const bool pdl = HcRunsSm90Code(caps.sm_major);
-  auto launch_elementwise = [&](const char* step, auto* kernel, unsigned blocks, const auto& args) {
-    return CudaFailure(step, Launch(kernel, blocks, kElementwiseThreads, 0, 1, pdl, stream, args));
-  };
   const NormArgs<T> norm{t.streams, t.norm_scale, t.inject_weight, t.prev_block_output, t.prev_post_gate,
                          t.streams_out, hn, t.post_gate, rows, C, H, p.epsilon, p.gate_div, p.gate_mul};
   NormLaunch norm_launch;
-  if (auto s = CudaFailure("norm and inject kernel", LaunchNormInject<T>(norm, caps, stream, &norm_launch)); !s.ok()) {
+  if (auto s = HcCudaStatus("norm and inject kernel", LaunchNormInject<T>(norm, caps, stream, &norm_launch)); !s.ok()) {
     return s;
   }
 
@@ -417,16 +449,16 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   // pointers have the same alignment), so every chunk and every row count of the range takes the same route.
   static const char* const kDownStep = "cuBLASLt GEMM down = hn @ down_weight (split K)";
   bool down_lt = false;
-  if (auto s = CublasFailure(kDownStep, gemm.AvailableSplit<T>(hn, t.down_weight, down_partial, R, width, range.splits,
-                                                                &down_lt, range.split_plan_rows));
+  if (auto s = HcCublasStatus(kDownStep, gemm.AvailableSplit<T>(hn, t.down_weight, down_partial, R, width,
+                                                                 range.splits, &down_lt, range.split_plan_rows));
       !s.ok()) {
     return s;
   }
   unsigned reduce_blocks = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += layout.chunk_rows) {
     const int64_t m = std::min(layout.chunk_rows, rows - r0);
-    if (auto s = SplitGemm<T>(kDownStep, gemm, down_lt, hn + r0 * width, t.down_weight, down_partial, m, R, width,
-                              range.splits, range.split_plan_rows, workspace, stream);
+    if (auto s = HcSplitGemm<T>(kDownStep, gemm, down_lt, hn + r0 * width, t.down_weight, down_partial, m, R, width,
+                                range.splits, range.split_plan_rows, workspace, stream);
         !s.ok()) {
       return s;
     }
@@ -437,42 +469,18 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
     auto* reduce_kernel = reduce_vec == 4   ? HcSplitReduceKernel<T, 4>
                           : reduce_vec == 2 ? HcSplitReduceKernel<T, 2>
                                             : HcSplitReduceKernel<T, 1>;
-    if (auto s = launch_elementwise("HcSplitReduceKernel", reduce_kernel, reduce_blocks, reduce); !s.ok()) return s;
+    if (auto s = HcCudaStatus("HcSplitReduceKernel",
+                              Launch(reduce_kernel, reduce_blocks, kElementwiseThreads, 0, 1, pdl, stream, reduce));
+        !s.ok()) {
+      return s;
+    }
   }
 
   char up_route[160] = "";  // for the debug line only
-  if (fused) {
-    if (auto s = CudaFailure("HcUpGateKernel", LaunchHcUpGate<T>(UpGateArgs(p, t, hidden, hn), caps, pdl, stream));
-        !s.ok()) {
-      return s;
-    }
-    if (debug) std::snprintf(up_route, sizeof(up_route), "up and gate epilogue fused (HcUpGateKernel)");
-  } else {
-    if (auto s = Gemm<T>("cuBLASLt GEMM up = hidden @ up_weight", gemm, hidden, t.up_weight, up, rows, width, R,
-                         range.up_plan_rows, workspace, stream);
-        !s.ok()) {
-      return s;
-    }
-    const EpilogueArgs<T> epi{hn, up, t.pre_output, rows, C, H, p.reduction_scale};
-    const int epi_vec = PickVec<T>(H, {hn, up, t.pre_output});
-    const int64_t epi_count = rows * (H / epi_vec);
-    constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-    const bool epi_table = kBf16 && rows >= kTableMinRows && caps.sm_count > 0;
-    const int epi_threads = epi_table ? kTableEpilogueThreads : kElementwiseThreads;
-    const unsigned epi_blocks =
-        epi_table ? static_cast<unsigned>(std::min<int64_t>((epi_count + epi_threads - 1) / epi_threads,
-                                                            int64_t{kTableBlocksPerSm} * caps.sm_count))
-                  : ElementwiseBlocks(epi_count);
-    auto* epi_kernel = epi_table ? EpilogueKernel<T, kBf16>(epi_vec) : EpilogueKernel<T, false>(epi_vec);
-    if (auto s = CudaFailure("HcGateEpilogueKernel", Launch(epi_kernel, epi_blocks, epi_threads, 0, 1, pdl, stream, epi));
-        !s.ok()) {
-      return s;
-    }
-    if (debug) {
-      std::snprintf(up_route, sizeof(up_route), "up planned at %lld rows, HcGateEpilogueKernel grid %u x %d (vec %d%s)",
-                    static_cast<long long>(range.up_plan_rows), epi_blocks, epi_threads, epi_vec,
-                    epi_table ? ", sigmoid table" : "");
-    }
+  if (auto s = LaunchHcUpStage<T>(UpStage<T>(p, t, hidden, hn, up), range.up_plan_rows, caps, options, gemm,
+                                  workspace, pdl, stream, up_route, sizeof(up_route));
+      !s.ok()) {
+    return s;
   }
 
   if (debug) {
@@ -491,12 +499,18 @@ HcLaunchStatus LaunchHcGeneral(const HcLowRankMixParams& p, const HcDeviceTensor
   return {};
 }
 
-#define HC_INSTANTIATE_GENERAL(T)                                                                            \
-  template size_t HcGeneralScratchBytes<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&,          \
-                                           const HcDeviceCaps&, const HcGeneralOptions&);                 \
-  template HcLaunchStatus LaunchHcGeneral<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&,       \
-                                             const HcDeviceCaps&, const HcGeneralOptions&, void*, HcLtGemm&, \
-                                             cudaStream_t, bool);
+#define HC_INSTANTIATE_GENERAL(T)                                                                                \
+  template size_t HcGeneralScratchBytes<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&,              \
+                                           const HcDeviceCaps&, const HcGeneralOptions&);                     \
+  template HcLaunchStatus LaunchHcGeneral<T>(const HcLowRankMixParams&, const HcDeviceTensors<T>&,           \
+                                             const HcDeviceCaps&, const HcGeneralOptions&, void*, HcLtGemm&,     \
+                                             cudaStream_t, bool);                                                \
+  template HcLaunchStatus HcSplitGemm<T>(const char*, HcLtGemm&, bool, const T*, const T*, float*, int64_t,    \
+                                         int64_t, int64_t, int64_t, int64_t, void*, cudaStream_t);              \
+  template bool HcUpStageFused<T>(const HcUpStage<T>&, const HcDeviceCaps&, const HcGeneralOptions&);          \
+  template HcLaunchStatus LaunchHcUpStage<T>(const HcUpStage<T>&, int64_t, const HcDeviceCaps&,                 \
+                                             const HcGeneralOptions&, HcLtGemm&, void*, bool, cudaStream_t, char*, \
+                                             size_t);
 HC_INSTANTIATE_GENERAL(float)
 HC_INSTANTIATE_GENERAL(__half)
 HC_INSTANTIATE_GENERAL(__nv_bfloat16)

@@ -23,6 +23,7 @@
 
 #include "cuda/common/hc_common.cuh"
 #include "cuda/common/hc_ptx.cuh"
+#include "cuda/nbits/hc_nbits_weight.cuh"
 
 namespace hcfuse {
 namespace cuda {
@@ -158,21 +159,6 @@ struct ProductArgs {
   DownInjectEpilogue<T> epilogue;
 };
 
-// The zero point of column n's quantization block b as fp32 (the CPU kernel's widening).
-template <typename T, int BITS>
-__device__ __forceinline__ float ZeroPoint(const HcNBitsProjection<T>& w, int64_t n, int64_t b, int64_t k_blocks) {
-  if (w.zero_points_t != nullptr) return ToFloat(w.zero_points_t[n * k_blocks + b]);
-  if (w.zero_points != nullptr) {
-    const int64_t row_bytes = (k_blocks * BITS + 7) / 8;
-    if constexpr (BITS == 8) {
-      return static_cast<float>(w.zero_points[n * row_bytes + b]);
-    } else {
-      return static_cast<float>((w.zero_points[n * row_bytes + b / 2] >> (4 * (b % 2))) & 15);
-    }
-  }
-  return static_cast<float>(1 << (BITS - 1));
-}
-
 // One column's weights over one K slice [k0, k0 + klen) of a projection [K, N]. Load issues every load the
 // slice needs (quantized: B's bytes of the column, one contiguous run read as 8-byte words, and each chunk's
 // scale and zero point; dense: nothing, its T weights are read as they are used, coalesced across the columns);
@@ -235,7 +221,7 @@ struct SliceWeights {
             const uint2 pair = raw[c][t / 8];
             q = ((t % 8 < 4 ? pair.x : pair.y) >> (8 * (t % 4))) & 255u;
           }
-          const float wk = __fmul_rn(__fsub_rn(static_cast<float>(q), zero[c]), scale[c]);
+          const float wk = QuantizedWeight(q, zero[c], scale[c]);
 #pragma unroll
           for (int r = 0; r < RT; ++r) acc[r] = fmaf(x[r * ldx + c * kChunkK + t], wk, acc[r]);
         }
@@ -531,6 +517,15 @@ bool Aligned8(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t
 }  // namespace
 
 template <typename T>
+cudaError_t LaunchHcNBitsNorm(const HcNBitsParams& p, const HcNBitsTensors<T>& t, T* hn, bool pdl,
+                              cudaStream_t stream) {
+  const HcLowRankMixParams& m = p.mix;
+  const NormArgs<T> norm{t.streams, t.norm_scale, t.prev_block_output, t.prev_post_gate, t.streams_out, hn,
+                         m.rows, m.C, m.H, m.epsilon, nullptr, 0};
+  return m.has_prologue ? LaunchNorm<T, true>(norm, pdl, stream) : LaunchNorm<T, false>(norm, pdl, stream);
+}
+
+template <typename T>
 size_t HcNBitsScratchBytes(const HcNBitsParams& params) {
   return MakeLayout<T>(params).total;
 }
@@ -595,7 +590,8 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsTensors<T>& t,
 #define HC_INSTANTIATE_NBITS(T)                                                                           \
   template size_t HcNBitsScratchBytes<T>(const HcNBitsParams&);                                          \
   template HcLaunchStatus LaunchHcNBits<T>(const HcNBitsParams&, const HcNBitsTensors<T>&, void*, \
-                                           const HcNBitsLaunchOptions&, cudaStream_t);
+                                           const HcNBitsLaunchOptions&, cudaStream_t);                \
+  template cudaError_t LaunchHcNBitsNorm<T>(const HcNBitsParams&, const HcNBitsTensors<T>&, T*, bool, cudaStream_t);
 HC_INSTANTIATE_NBITS(float)
 HC_INSTANTIATE_NBITS(__half)
 HC_INSTANTIATE_NBITS(__nv_bfloat16)
