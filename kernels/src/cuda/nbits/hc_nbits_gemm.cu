@@ -236,6 +236,10 @@ HcLaunchStatus LaunchHcNBitsGemm(const HcNBitsParams& p, const HcNBitsTensors<T>
                                  const HcNBitsGemmOptions& options, void* scratch, HcLtGemm& gemm,
                                  cudaStream_t stream, bool debug) {
   const HcLowRankMixParams& m = p.mix;
+  const auto aligned8 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 8 == 0; };
+  if (!aligned8(t.down_inject.q) || !aligned8(t.up.q)) {  // the dequant kernel reads B as 8-byte words
+    return HcCudaStatus("B (down_inject_weight or up_weight) is not 8-byte aligned", cudaErrorMisalignedAddress);
+  }
   const int64_t rows = m.rows, R = m.R, C = m.C, W = m.width(), N = R + C;
   const Layout l = MakeLayout<T>(p, t, caps);
   const HcRangePlan& range = l.range;
