@@ -11,7 +11,9 @@
 //                      kept in shared memory between its two passes where it fits (kCache), else formed
 //                      twice (kFormTwice).
 // Which kernel runs depends on the shape, T, the pointers' alignment and the device's shared memory,
-// never on the row count, so a row's bits are the same at every row count.
+// never on the row count, so a row's bits are the same at every row count. Without inject_weight (the
+// quantized op's GEMM route, whose product has inject's columns) both write S, streams_out and hn only: the
+// same operations and bits for those, without the inject dot products and post_gate.
 #include "cuda/general/hc_norm_inject.h"
 
 #include <algorithm>
@@ -118,16 +120,16 @@ __device__ __forceinline__ uint32_t& Word(uint4& v, int k) { return reinterpret_
 // Per row: S (prologue) and streams_out; per branch the thread's sum of squares (j sequential, MulAdd),
 // a warp butterfly, the warp sums added in warp order -> 1 / rms (BranchInvRms); hn; per inject column
 // q the thread's dot product (branches, then j, sequential, fmaf), a warp butterfly, the warp sums in
-// warp order -> inject, rounded -> post_gate. Three barriers a group. A row's operations do not depend
-// on the row count, the grid, the row it is grouped with or its slot.
-template <typename T, bool PROLOGUE, bool STREAMS_OUT>
+// warp order -> inject, rounded -> post_gate. Three barriers a group (two without INJECT: S, hn only). A row's
+// operations do not depend on the row count, the grid, the row it is grouped with or its slot.
+template <typename T, bool PROLOGUE, bool STREAMS_OUT, bool INJECT>
 __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKernel(NormArgs<T> a) {
   ptx::WaitOnProducer();  // launched early (PDL): streams and the prologue inputs come from upstream
   constexpr int C = kResidentC, ROWS = kResidentRows, STAGES = kResidentStages;
   constexpr int kWords = kResidentVec / 2;             // words of one branch's 8 features
   constexpr int kWeightWords = kResidentVec * C / 2;   // words of one branch's 8 inject_weight rows
   __shared__ float sq_sums[ROWS * C][kResidentMaxWarps];
-  __shared__ float inject_sums[ROWS * C][kResidentMaxWarps];
+  __shared__ float inject_sums[INJECT ? ROWS * C : 1][kResidentMaxWarps];
   __shared__ float inv_rms[ROWS * C];
   extern __shared__ __align__(16) uint4 resident_stages[];
   const int t = threadIdx.x;
@@ -174,14 +176,16 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     scale[c] = reinterpret_cast<const uint4*>(a.norm_scale)[c * vecs + t];
-    const uint4* w = reinterpret_cast<const uint4*>(a.inject_weight) + (c * vecs + t) * (kWeightWords / 4);
+    if constexpr (INJECT) {
+      const uint4* w = reinterpret_cast<const uint4*>(a.inject_weight) + (c * vecs + t) * (kWeightWords / 4);
 #pragma unroll
-    for (int i = 0; i < kWeightWords / 4; ++i) {
-      const uint4 v = w[i];
-      weight[c][4 * i] = v.x;
-      weight[c][4 * i + 1] = v.y;
-      weight[c][4 * i + 2] = v.z;
-      weight[c][4 * i + 3] = v.w;
+      for (int i = 0; i < kWeightWords / 4; ++i) {
+        const uint4 v = w[i];
+        weight[c][4 * i] = v.x;
+        weight[c][4 * i + 1] = v.y;
+        weight[c][4 * i + 2] = v.z;
+        weight[c][4 * i + 3] = v.w;
+      }
     }
   }
   float gate[ROWS][C];
@@ -272,7 +276,7 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
           hv[r] = UnpackPair<T>(Word(s[r], k));
         }
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {  // feature j = 2k + jj
+        for (int jj = 0; jj < (INJECT ? 2 : 0); ++jj) {  // feature j = 2k + jj
           const int j = 2 * k + jj;
           const float2 w01 = UnpackInLoop<T>(weight[c][2 * j]);
           const float2 w23 = UnpackInLoop<T>(weight[c][2 * j + 1]);
@@ -291,24 +295,26 @@ __global__ void __launch_bounds__(kResidentMaxThreads, 1) HcNormInjectResidentKe
         if (group * ROWS + r < a.rows) hn_out[(row_of(group, r) * C + c) * vecs + t] = s[r];  // s[r] holds hn now
       }
     }
+    if constexpr (INJECT) {
 #pragma unroll
-    for (int i = 0; i < ROWS * C; ++i) {
-      const float v = WarpSum(part[i / C][i % C]);
-      if (lane == 0) inject_sums[i][warp] = v;
-    }
-    __syncthreads();  // every warp's inject partials
-    if (t < ROWS * C) {
-      const int r = t / C, q = t % C;
-      float total = 0.0f;
-      for (int w = 0; w < num_warps; ++w) total += inject_sums[t][w];  // warp order
-      if (group * ROWS + r < a.rows) {
-        const float inject = RoundToT<T>(total);  // rounding point: inject
-        // rounding points: gate logit, its sigmoid, post_gate
-        a.post_gate[row_of(group, r) * C + q] = FromFloat<T>(PostGate<T>(inject, a.gate_div, a.gate_mul));
+      for (int i = 0; i < ROWS * C; ++i) {
+        const float v = WarpSum(part[i / C][i % C]);
+        if (lane == 0) inject_sums[i][warp] = v;
+      }
+      __syncthreads();  // every warp's inject partials
+      if (t < ROWS * C) {
+        const int r = t / C, q = t % C;
+        float total = 0.0f;
+        for (int w = 0; w < num_warps; ++w) total += inject_sums[t][w];  // warp order
+        if (group * ROWS + r < a.rows) {
+          const float inject = RoundToT<T>(total);  // rounding point: inject
+          // rounding points: gate logit, its sigmoid, post_gate
+          a.post_gate[row_of(group, r) * C + q] = FromFloat<T>(PostGate<T>(inject, a.gate_div, a.gate_mul));
+        }
       }
     }
-    // sq_sums is written again only after the next group's loads; inject_sums and inv_rms only after
-    // its first barrier, which these readers reach after reading
+    // sq_sums is written again only after the next group's loads (its readers are past the second barrier);
+    // inject_sums and inv_rms only after its first barrier, which these readers reach after reading
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
@@ -356,8 +362,8 @@ constexpr size_t kMaxNormCacheBytes = 104 * 1024;
 // before storing any (stores may alias the loads, so the compiler cannot hoist later loads above them),
 // pass 2 BR; two blocks of 256 threads stay resident per SM. ROWS, CC, BR1, BR, MODE and the grid only
 // change how loads are issued and amortized: a row's operations, and so its bits, are the same for
-// every ROWS, CC, MODE, grid and row count.
-template <typename T, int VEC, int ROWS, int CC, int MODE>
+// every ROWS, CC, MODE, grid and row count. Without INJECT pass 2 writes hn only (one pass, no inject).
+template <typename T, int VEC, int ROWS, int CC, int MODE, bool INJECT>
 __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArgs<T> a) {
   ptx::WaitOnProducer();  // launched early (PDL): streams and the prologue inputs come from upstream
   // pass 1: up to 8 S vectors in flight (all 4 branches for 1 and 2 rows a block)
@@ -441,7 +447,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
       }
       __syncthreads();  // inv_rms of the round written; warp_sums free for the next round
     }
-    for (int64_t c0 = 0; c0 < C; c0 += Q) {
+    for (int64_t c0 = 0; c0 < (INJECT ? C : 1); c0 += Q) {  // hn is written in the first pass
       const int cols = CC > 0 ? CC : static_cast<int>(std::min<int64_t>(Q, C - c0));
       float acc[ROWS * Q];
 #pragma unroll
@@ -472,7 +478,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
                 s[b][r] = LoadS<T, VEC>(a, row[r], c + b, h);
               }
             }
-            if constexpr (CC > 0) {
+            if constexpr (CC > 0 && INJECT) {
               const T* w = a.inject_weight + ((c + b) * a.H + h) * C;
 #pragma unroll
               for (int i = 0; i < kWeightVecs; ++i) wv[b][i] = LoadVec<T, kChunk>(w + i * kChunk);
@@ -480,7 +486,6 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
           }
 #pragma unroll
           for (int b = 0; b < BR; ++b) {
-            const T* w = a.inject_weight + ((c + b) * a.H + h) * C + c0;  // inject_weight[(c+b)*H + h, c0]
             Vec<T, VEC> hn[ROWS];
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) {
@@ -492,7 +497,9 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
               }
               if (c0 == 0 && live[r]) StoreVec<T, VEC>(a.hn + row[r] * width + (c + b) * a.H + h, hn[r]);
             }
-            if constexpr (CC > 0) {
+            if constexpr (!INJECT) {
+              // hn only
+            } else if constexpr (CC > 0) {
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
 #pragma unroll
@@ -503,6 +510,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
                 }
               }
             } else {
+              const T* w = a.inject_weight + ((c + b) * a.H + h) * C + c0;  // inject_weight[(c+b)*H + h, c0]
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
 #pragma unroll
@@ -523,6 +531,7 @@ __global__ void __launch_bounds__(kMaxNormThreads, 2) HcNormInjectKernel(NormArg
           for (int i = 0; i < ROWS * Q; ++i) acc[i] = __fadd_rn(acc[i], part[b][i]);  // branch order
         }
       }
+      if constexpr (!INJECT) continue;  // one pass: hn
       BlockSums<ROWS * Q>(acc, inject_scratch);
       if (threadIdx.x == 0) {
 #pragma unroll
@@ -564,7 +573,7 @@ bool ResidentFits(const NormArgs<T>& a, int vec, const HcDeviceCaps& caps) {
 }
 
 // One block per SM (its stages take most of the SM's shared memory), at most one per row group.
-template <typename T, bool PROLOGUE, bool STREAMS_OUT>
+template <typename T, bool PROLOGUE, bool STREAMS_OUT, bool INJECT>
 cudaError_t LaunchResidentKernel(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream,
                                  NormLaunch* info) {
   const size_t smem = ResidentSmemBytes(a.H, PROLOGUE);
@@ -574,19 +583,19 @@ cudaError_t LaunchResidentKernel(const NormArgs<T>& a, const HcDeviceCaps& caps,
   info->threads = static_cast<int>(a.H / kResidentVec);
   info->rows_per_block = kResidentRows;
   // PDL where the kernel's wait is compiled in (sm_90): it launches while the previous kernel ends
-  return Launch(HcNormInjectResidentKernel<T, PROLOGUE, STREAMS_OUT>, info->blocks, info->threads, smem, 1,
+  return Launch(HcNormInjectResidentKernel<T, PROLOGUE, STREAMS_OUT, INJECT>, info->blocks, info->threads, smem, 1,
                 HcRunsSm90Code(caps.sm_major), stream, a);
 }
 
-template <typename T>
+template <typename T, bool INJECT>
 cudaError_t LaunchResident(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info) {
   const bool prologue = a.prev_block_output != nullptr, streams_out = a.streams_out != nullptr;
   if (prologue) {
-    return streams_out ? LaunchResidentKernel<T, true, true>(a, caps, stream, info)
-                       : LaunchResidentKernel<T, true, false>(a, caps, stream, info);
+    return streams_out ? LaunchResidentKernel<T, true, true, INJECT>(a, caps, stream, info)
+                       : LaunchResidentKernel<T, true, false, INJECT>(a, caps, stream, info);
   }
-  return streams_out ? LaunchResidentKernel<T, false, true>(a, caps, stream, info)
-                     : LaunchResidentKernel<T, false, false>(a, caps, stream, info);
+  return streams_out ? LaunchResidentKernel<T, false, true, INJECT>(a, caps, stream, info)
+                     : LaunchResidentKernel<T, false, false, INJECT>(a, caps, stream, info);
 }
 
 // C = 4 with 16-byte loadable inject_weight rows runs the compile-time-C kernel, ROWS rows a block;
@@ -600,19 +609,20 @@ bool NormInjectFixedC(const NormArgs<T>& a) {
 }
 
 // Launches one instantiation with `smem` bytes of dynamic shared memory, with PDL where `pdl`.
-template <typename T, int VEC, int ROWS, int CC, int MODE>
+template <typename T, int VEC, int ROWS, int CC, int MODE, bool INJECT>
 cudaError_t LaunchNormInjectKernel(const NormArgs<T>& a, size_t smem, bool pdl, cudaStream_t stream, NormLaunch* info) {
   const int64_t groups = (a.rows + ROWS - 1) / ROWS;
   info->kernel = MODE == kCache ? "HcNormInjectKernel (S kept in shared memory)" : "HcNormInjectKernel (S formed twice)";
   info->blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min(groups, kMaxRowBlocks)));
   info->rows_per_block = ROWS;
-  return Launch(HcNormInjectKernel<T, VEC, ROWS, CC, MODE>, info->blocks, info->threads, smem, 1, pdl, stream, a);
+  return Launch(HcNormInjectKernel<T, VEC, ROWS, CC, MODE, INJECT>, info->blocks, info->threads, smem, 1, pdl, stream,
+                a);
 }
 
 // HcNormInjectKernel's instantiation (no choice changes a bit): the fixed-C kernel with rows per block
 // by row count, or the generic one (one row a block); kCache where the rows fit kMaxNormCacheBytes
 // (fewer rows a block until they do), else kFormTwice (very wide rows).
-template <typename T, int VEC>
+template <typename T, int VEC, bool INJECT>
 cudaError_t LaunchNormInjectVec(const NormArgs<T>& a, bool pdl, cudaStream_t stream, NormLaunch* info) {
   const bool fixed_c = NormInjectFixedC<T, VEC>(a);
   int rows = fixed_c ? NormRowsPerBlock(a.rows) : 1;
@@ -624,34 +634,40 @@ cudaError_t LaunchNormInjectVec(const NormArgs<T>& a, bool pdl, cudaStream_t str
     if (fixed_c) {
       if (mode == kCache) {
         switch (rows) {
-          case 4: return LaunchNormInjectKernel<T, VEC, 4, 4, kCache>(a, bytes, pdl, stream, info);
-          case 2: return LaunchNormInjectKernel<T, VEC, 2, 4, kCache>(a, bytes, pdl, stream, info);
-          default: return LaunchNormInjectKernel<T, VEC, 1, 4, kCache>(a, bytes, pdl, stream, info);
+          case 4: return LaunchNormInjectKernel<T, VEC, 4, 4, kCache, INJECT>(a, bytes, pdl, stream, info);
+          case 2: return LaunchNormInjectKernel<T, VEC, 2, 4, kCache, INJECT>(a, bytes, pdl, stream, info);
+          default: return LaunchNormInjectKernel<T, VEC, 1, 4, kCache, INJECT>(a, bytes, pdl, stream, info);
         }
       }
-      return LaunchNormInjectKernel<T, VEC, 1, 4, kFormTwice>(a, bytes, pdl, stream, info);
+      return LaunchNormInjectKernel<T, VEC, 1, 4, kFormTwice, INJECT>(a, bytes, pdl, stream, info);
     }
   }
-  return mode == kCache ? LaunchNormInjectKernel<T, VEC, 1, 0, kCache>(a, bytes, pdl, stream, info)
-                        : LaunchNormInjectKernel<T, VEC, 1, 0, kFormTwice>(a, bytes, pdl, stream, info);
+  return mode == kCache ? LaunchNormInjectKernel<T, VEC, 1, 0, kCache, INJECT>(a, bytes, pdl, stream, info)
+                        : LaunchNormInjectKernel<T, VEC, 1, 0, kFormTwice, INJECT>(a, bytes, pdl, stream, info);
+}
+
+template <typename T, bool INJECT>
+cudaError_t LaunchNorm(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info) {
+  info->vec = PickVec<T>(a.H, {a.streams, a.norm_scale, a.prev_block_output, a.streams_out, a.hn});
+  if constexpr (sizeof(T) == 2) {
+    if (ResidentFits(a, info->vec, caps)) return LaunchResident<T, INJECT>(a, caps, stream, info);
+  }
+  info->threads = NormThreads(a.H, info->vec);
+  const bool pdl = HcRunsSm90Code(caps.sm_major);  // the kernels' PDL wait is compiled for sm_90 only
+  switch (info->vec) {
+    case 8: return LaunchNormInjectVec<T, 8, INJECT>(a, pdl, stream, info);
+    case 4: return LaunchNormInjectVec<T, 4, INJECT>(a, pdl, stream, info);
+    case 2: return LaunchNormInjectVec<T, 2, INJECT>(a, pdl, stream, info);
+    default: return LaunchNormInjectVec<T, 1, INJECT>(a, pdl, stream, info);
+  }
 }
 
 }  // namespace
 
 template <typename T>
 cudaError_t LaunchNormInject(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info) {
-  info->vec = PickVec<T>(a.H, {a.streams, a.norm_scale, a.prev_block_output, a.streams_out, a.hn});
-  if constexpr (sizeof(T) == 2) {
-    if (ResidentFits(a, info->vec, caps)) return LaunchResident(a, caps, stream, info);
-  }
-  info->threads = NormThreads(a.H, info->vec);
-  const bool pdl = HcRunsSm90Code(caps.sm_major);  // the kernels' PDL wait is compiled for sm_90 only
-  switch (info->vec) {
-    case 8: return LaunchNormInjectVec<T, 8>(a, pdl, stream, info);
-    case 4: return LaunchNormInjectVec<T, 4>(a, pdl, stream, info);
-    case 2: return LaunchNormInjectVec<T, 2>(a, pdl, stream, info);
-    default: return LaunchNormInjectVec<T, 1>(a, pdl, stream, info);
-  }
+  return a.inject_weight != nullptr ? LaunchNorm<T, true>(a, caps, stream, info)
+                                    : LaunchNorm<T, false>(a, caps, stream, info);
 }
 
 #define HC_INSTANTIATE_NORM(T) \

@@ -15,7 +15,7 @@ template <typename T>
 struct NormArgs {
   const T* streams;
   const T* norm_scale;
-  const T* inject_weight;      // (C*H, C)
+  const T* inject_weight;      // (C*H, C); null: no inject (post_gate not written; the quantized op's GEMM route)
   const T* prev_block_output;  // null without prologue
   const T* prev_post_gate;
   T* streams_out;  // null when not requested
@@ -32,7 +32,8 @@ struct NormLaunch {
   int threads = 0, vec = 0, rows_per_block = 0;
 };
 
-// Writes streams_out (when not null), hn (rows x C*H) and post_gate on `stream`; rows > 0. S, hn,
+// Writes streams_out (when not null), hn (rows x C*H) and post_gate (not without inject_weight) on `stream`;
+// rows > 0. S, hn,
 // inject and post_gate of a row are the same bits at every row count (one kernel and one order of
 // operations per shape, type and pointer alignment). Never synchronizes.
 template <typename T>

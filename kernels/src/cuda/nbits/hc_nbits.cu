@@ -517,15 +517,6 @@ bool Aligned8(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t
 }  // namespace
 
 template <typename T>
-cudaError_t LaunchHcNBitsNorm(const HcNBitsParams& p, const HcNBitsTensors<T>& t, T* hn, bool pdl,
-                              cudaStream_t stream) {
-  const HcLowRankMixParams& m = p.mix;
-  const NormArgs<T> norm{t.streams, t.norm_scale, t.prev_block_output, t.prev_post_gate, t.streams_out, hn,
-                         m.rows, m.C, m.H, m.epsilon, nullptr, 0};
-  return m.has_prologue ? LaunchNorm<T, true>(norm, pdl, stream) : LaunchNorm<T, false>(norm, pdl, stream);
-}
-
-template <typename T>
 size_t HcNBitsScratchBytes(const HcNBitsParams& params) {
   return MakeLayout<T>(params).total;
 }
@@ -590,8 +581,7 @@ HcLaunchStatus LaunchHcNBits(const HcNBitsParams& p, const HcNBitsTensors<T>& t,
 #define HC_INSTANTIATE_NBITS(T)                                                                           \
   template size_t HcNBitsScratchBytes<T>(const HcNBitsParams&);                                          \
   template HcLaunchStatus LaunchHcNBits<T>(const HcNBitsParams&, const HcNBitsTensors<T>&, void*, \
-                                           const HcNBitsLaunchOptions&, cudaStream_t);                \
-  template cudaError_t LaunchHcNBitsNorm<T>(const HcNBitsParams&, const HcNBitsTensors<T>&, T*, bool, cudaStream_t);
+                                           const HcNBitsLaunchOptions&, cudaStream_t);
 HC_INSTANTIATE_NBITS(float)
 HC_INSTANTIATE_NBITS(__half)
 HC_INSTANTIATE_NBITS(__nv_bfloat16)

@@ -52,11 +52,5 @@ template <typename T>
 HcLaunchStatus LaunchHcNBits(const HcNBitsParams& params, const HcNBitsTensors<T>& tensors, void* scratch,
                              const HcNBitsLaunchOptions& options, cudaStream_t stream);
 
-// The norm kernel alone over all params.mix.rows rows (S, streams_out, hn into `hn`: rows x C*H in T), for the
-// GEMM route (hc_nbits_gemm.h). pdl as in HcNBitsLaunchOptions.
-template <typename T>
-cudaError_t LaunchHcNBitsNorm(const HcNBitsParams& params, const HcNBitsTensors<T>& tensors, T* hn, bool pdl,
-                              cudaStream_t stream);
-
 }  // namespace cuda
 }  // namespace hcfuse

@@ -3,7 +3,7 @@
 //                          scratch as row-major [K, N] matrices of T ("terms") whose sum is w exactly: in 16-bit
 //                          T w_hi = RN_T(w) and w_lo = w - w_hi, in float32 w itself; a dense projection is
 //                          used in place
-//   HcNBitsNormKernel      S, streams_out, hn (hc_nbits.cu)
+//   the norm kernel        S, streams_out, hn: the dense general path's (hc_norm_inject.h), without its inject
 //   per chunk of rows:     the split product hn @ down_inject of every term (cuBLASLt, the dense general path's
 //                          K slices, fp32 partials), then HcNBitsGemmReduceKernel: per output the terms' slices
 //                          added in order -> down -> Z, SG, hidden (stored once per term of up) or inject ->
@@ -25,7 +25,7 @@
 #include "cuda/common/hc_ptx.cuh"
 #include "cuda/general/hc_gemm.h"
 #include "cuda/general/hc_general_stages.h"
-#include "cuda/nbits/hc_nbits_cuda.h"
+#include "cuda/general/hc_norm_inject.h"
 #include "cuda/nbits/hc_nbits_weight.cuh"
 
 namespace hcfuse {
@@ -263,7 +263,11 @@ HcLaunchStatus LaunchHcNBitsGemm(const HcNBitsParams& p, const HcNBitsTensors<T>
     const DequantArgs<T> a{t.up, R, W, p.block_size, up_weight, W, R * W};
     if (auto s = HcCudaStatus("HcNBitsDequantKernel (up)", LaunchDequant(a, p.bits, pdl, stream)); !s.ok()) return s;
   }
-  if (auto s = HcCudaStatus("HcNBitsNormKernel", LaunchHcNBitsNorm<T>(p, t, hn, pdl, stream)); !s.ok()) return s;
+  // the dense general path's norm kernel without its inject (down_inject's product has inject's columns)
+  const NormArgs<T> norm{t.streams, t.norm_scale, nullptr, t.prev_block_output, t.prev_post_gate, t.streams_out, hn,
+                         nullptr, rows, C, m.H, m.epsilon, m.gate_div, m.gate_mul};
+  NormLaunch norm_launch;
+  if (auto s = HcCudaStatus("norm kernel", LaunchNormInject<T>(norm, caps, stream, &norm_launch)); !s.ok()) return s;
 
   // each term's matrix of down_inject: the dequantized terms, or the dense weight
   auto di_term = [&](int64_t term) -> const T* {
@@ -309,10 +313,11 @@ HcLaunchStatus LaunchHcNBitsGemm(const HcNBitsParams& p, const HcNBitsTensors<T>
   if (debug) {
     const auto ll = [](int64_t v) { return static_cast<long long>(v); };
     std::fprintf(stderr,
-                 "hcfuse: HyperConnectionLowRankMixNBits GEMM route (%s range) rows=%lld: down_inject %s (%lld "
-                 "term%s), split into %lld K slices (%s, planned at %lld rows) in chunks of %lld rows, "
+                 "hcfuse: HyperConnectionLowRankMixNBits GEMM route (%s range) rows=%lld: %s grid %u x %d; "
+                 "down_inject %s (%lld term%s), split into %lld K slices (%s, planned at %lld rows) in chunks of %lld rows, "
                  "HcNBitsGemmReduceKernel grid %u x %d (last chunk); up %s (%lld term%s, K = %lld), %s\n",
-                 range.name, ll(rows), t.down_inject.q != nullptr ? "dequantized" : "dense", ll(l.di_terms),
+                 range.name, ll(rows), norm_launch.kernel, norm_launch.blocks, norm_launch.threads,
+                 t.down_inject.q != nullptr ? "dequantized" : "dense", ll(l.di_terms),
                  l.di_terms > 1 ? "s" : "", ll(range.splits), down_lt ? "cuBLASLt" : "fallback kernel",
                  ll(range.split_plan_rows), ll(l.chunk_rows), reduce_grid, kReduceThreads,
                  t.up.q != nullptr ? "dequantized" : "dense", ll(l.up_terms), l.up_terms > 1 ? "s" : "",
