@@ -2,12 +2,11 @@
 //   HcNBitsDequantKernel   each quantized projection's weight w = (q - z) * s (fp32, the CPU kernel's bits) into
 //                          scratch as row-major [K, N] matrices of T ("terms") whose sum is w exactly: in 16-bit
 //                          T w_hi = RN_T(w) and w_lo = w - w_hi, in float32 w itself; a dense projection is
-//                          used in place
+//                          used in place. down_inject's terms lie side by side, [K, 2 N], up's stacked, [2 R, N]
 //   the norm kernel        S, streams_out, hn: the dense general path's (hc_norm_inject.h), without its inject
-//   per chunk of rows:     the split product hn @ down_inject of every term (cuBLASLt, the dense general path's
-//                          K slices, fp32 partials), then HcNBitsGemmReduceKernel: per output the terms' slices
-//                          added in order -> down -> Z, SG, hidden (stored once per term of up) or inject ->
-//                          post_gate
+//   per chunk of rows:     one split product hn @ [w_hi | w_lo] (cuBLASLt, the dense general path's K slices, fp32
+//                          partials), then HcNBitsGemmReduceKernel: per output its terms' slices added in order
+//                          -> down -> Z, SG, hidden (stored once per term of up) or inject -> post_gate
 //   the up stage           the dense general path's (hc_general_stages.h) over K = terms * R:
 //                          [hidden, hidden] @ [w_hi; w_lo] -> up -> g -> pre_output
 // Each product of an activation and a term is exact in fp32 and the terms' products are summed in fp32, so the
@@ -54,8 +53,8 @@ template <typename T>
 struct DequantArgs {
   HcNBitsProjection<T> w;  // quantized
   int64_t K, N, block_size;
-  T* out;               // term t at out + t * term_stride, each row-major [K, ld]: columns N .. ld-1 are zeros
-  int64_t ld, term_stride;  // elements
+  T* out;  // weight [k, n] of term t at out[t * term_stride + k * ldo + n]; columns N .. ld-1 get zeros
+  int64_t ld, ldo, term_stride;  // elements
 };
 
 // A warp takes 32 consecutive columns n over one chunk of kDequantK k: each thread loads its column's bytes of the
@@ -80,11 +79,11 @@ __global__ void __launch_bounds__(kDequantThreads) HcNBitsDequantKernel(DequantA
     if (n >= a.ld) continue;
     const int64_t k0 = chunk * kDequantK, byte0 = k0 * BITS / 8;
     const int valid = static_cast<int>(std::min<int64_t>(kDequantK, a.K - k0));
-    T* out = a.out + k0 * a.ld + n;
+    T* out = a.out + k0 * a.ldo + n;
     if (n >= a.N) {
       for (int j = 0; j < valid; ++j) {
 #pragma unroll
-        for (int t = 0; t < TERMS; ++t) out[t * a.term_stride + j * a.ld] = FromFloat<T>(0.0f);
+        for (int t = 0; t < TERMS; ++t) out[t * a.term_stride + j * a.ldo] = FromFloat<T>(0.0f);
       }
       continue;
     }
@@ -105,8 +104,8 @@ __global__ void __launch_bounds__(kDequantThreads) HcNBitsDequantKernel(DequantA
       const uint32_t q = static_cast<uint32_t>(word[j * BITS / 64] >> (j * BITS % 64)) & kMask;
       const float w = QuantizedWeight(q, zero[j / 16], scale[j / 16]);
       const T hi = FromFloat<T>(w);
-      out[j * a.ld] = hi;
-      if constexpr (TERMS == 2) out[a.term_stride + j * a.ld] = FromFloat<T>(__fsub_rn(w, ToFloat(hi)));  // exact
+      out[j * a.ldo] = hi;
+      if constexpr (TERMS == 2) out[a.term_stride + j * a.ldo] = FromFloat<T>(__fsub_rn(w, ToFloat(hi)));  // exact
     }
   }
   ptx::ReleaseDependents();
@@ -123,8 +122,9 @@ cudaError_t LaunchDequant(const DequantArgs<T>& a, int64_t bits, bool pdl, cudaS
 
 template <typename T>
 struct ReduceArgs {
-  const float* partial;  // `slices` slices of (rows, ld), `stride` floats apart; columns R + C .. ld-1 unused
+  const float* partial;  // `slices` slices of (rows, ld), `stride` floats apart
   int64_t stride, slices, ld, rows, R, C;
+  int64_t terms, term_offset;  // output n of term t in column t * term_offset + n
   T* hidden;      // (rows, up_terms * R): hidden stored up_terms times a row
   int64_t up_terms;
   T* post_gate;   // (rows, C)
@@ -132,7 +132,7 @@ struct ReduceArgs {
 };
 
 // down_inject's outputs from the split products' partials, grid-stride over (row, n): the slices added in order
-// from 0 (every term's K slices, term by term), rounded (rounding point: down / inject), then down -> Z, SG,
+// from 0 (term by term, each term's K slices in order), rounded (rounding point: down / inject), then down -> Z, SG,
 // hidden or inject -> gate logit, its sigmoid, post_gate, through the dense kernels' helpers.
 template <typename T>
 __global__ void __launch_bounds__(kReduceThreads) HcNBitsGemmReduceKernel(ReduceArgs<T> a) {
@@ -143,7 +143,10 @@ __global__ void __launch_bounds__(kReduceThreads) HcNBitsGemmReduceKernel(Reduce
     const int64_t row = i / N, n = i - row * N;
     float acc = 0.0f;
 #pragma unroll 8
-    for (int64_t b = 0; b < a.slices; ++b) acc = __fadd_rn(acc, a.partial[b * a.stride + row * a.ld + n]);
+    for (int64_t t = 0; t < a.terms; ++t) {
+      const float* partial = a.partial + row * a.ld + t * a.term_offset + n;
+      for (int64_t b = 0; b < a.slices; ++b) acc = __fadd_rn(acc, partial[b * a.stride]);
+    }
     const float sum = RoundToT<T>(acc);
     if (n < a.R) {
       const T hidden = FromFloat<T>(ScaledSilu<T>(sum, a.silu_alpha));
@@ -155,15 +158,15 @@ __global__ void __launch_bounds__(kReduceThreads) HcNBitsGemmReduceKernel(Reduce
   ptx::ReleaseDependents();
 }
 
-// The scratch, every part 256-byte aligned: the dequantized terms of down_inject (each its own aligned matrix,
-// so that every term's pointer has the alignment cuBLASLt's plan was made for) and of up (one [terms * R, C*H]
-// matrix: up's K runs over the terms); hn (rows, C*H); hidden (rows, up_terms * R); up (rows, C*H, where the
-// fused up/gate kernel does not run); the fp32 partials of one chunk of rows; cuBLASLt's workspace.
+// The scratch, every part 256-byte aligned: the dequantized terms of down_inject (one [C*H, terms * di_ld]
+// matrix: its product's N runs over the terms) and of up (one [terms * R, C*H] matrix: up's K runs over the
+// terms); hn (rows, C*H); hidden (rows, up_terms * R); up (rows, C*H, where the fused up/gate kernel does not
+// run); the fp32 partials of one chunk of rows; cuBLASLt's workspace.
 struct Layout {
   HcRangePlan range;
   int64_t chunk_rows = 0, di_terms = 1, up_terms = 1;
-  int64_t di_ld = 0;           // columns of down_inject's product: R + C, padded to a multiple of 8 when dequantized
-  int64_t di_term_stride = 0;  // elements
+  int64_t di_ld = 0;  // columns of a term of down_inject: R + C, padded to a multiple of 8 when dequantized
+  int64_t di_n = 0;   // columns of down_inject's product: its terms side by side, di_terms * di_ld
   bool fused_up = false;
   size_t di_weight = 0, up_weight = 0, hn = 0, hidden = 0, up = 0, partial = 0, workspace = 0, total = 0;
 };
@@ -186,10 +189,9 @@ Layout MakeLayout(const HcNBitsParams& p, const HcNBitsTensors<T>& t, const HcDe
   l.range = HcPlanRange(m.rows, m.width());
   // padded, a dequantized down_inject's rows keep 16-byte alignment (cuBLASLt's tensor-core kernels want it)
   l.di_ld = t.down_inject.q != nullptr ? CeilDiv(m.R + m.C, 8) * 8 : m.R + m.C;
-  l.chunk_rows = std::min(m.rows, HcSplitChunkRows(l.di_terms * l.range.splits * l.di_ld, l.range));
-  const size_t di_term_bytes = AlignUp(W * static_cast<size_t>(l.di_ld) * sizeof(T));
-  l.di_term_stride = static_cast<int64_t>(di_term_bytes / sizeof(T));
-  l.up_weight = t.down_inject.q != nullptr ? static_cast<size_t>(l.di_terms) * di_term_bytes : 0;
+  l.di_n = l.di_terms * l.di_ld;
+  l.chunk_rows = std::min(m.rows, HcSplitChunkRows(l.range.splits * l.di_n, l.range));
+  l.up_weight = t.down_inject.q != nullptr ? AlignUp(W * static_cast<size_t>(l.di_n) * sizeof(T)) : 0;
   l.hn = l.up_weight + (t.up.q != nullptr ? AlignUp(static_cast<size_t>(l.up_terms) * R * W * sizeof(T)) : 0);
   l.hidden = l.hn + AlignUp(rows * W * sizeof(T));
   l.up = l.hidden + AlignUp(rows * static_cast<size_t>(l.up_terms) * R * sizeof(T));
@@ -198,7 +200,7 @@ Layout MakeLayout(const HcNBitsParams& p, const HcNBitsTensors<T>& t, const HcDe
                                          nullptr),
                               caps, HcGeneralOptions{});
   l.partial = l.up + (l.fused_up ? 0 : AlignUp(rows * W * sizeof(T)));
-  const auto partial_floats = static_cast<size_t>(l.di_terms * l.range.splits * HcPartialStride(l.chunk_rows, l.di_ld));
+  const auto partial_floats = static_cast<size_t>(l.range.splits * HcPartialStride(l.chunk_rows, l.di_n));
   l.workspace = l.partial + AlignUp(partial_floats * sizeof(float));
   l.total = l.workspace + HcLtGemm::kWorkspaceBytes;
   return l;
@@ -254,13 +256,13 @@ HcLaunchStatus LaunchHcNBitsGemm(const HcNBitsParams& p, const HcNBitsTensors<T>
   void* workspace = base + l.workspace;
 
   if (t.down_inject.q != nullptr) {
-    const DequantArgs<T> a{t.down_inject, W, N, p.block_size, di_weight, l.di_ld, l.di_term_stride};
+    const DequantArgs<T> a{t.down_inject, W, N, p.block_size, di_weight, l.di_ld, l.di_n, l.di_ld};
     if (auto s = HcCudaStatus("HcNBitsDequantKernel (down_inject)", LaunchDequant(a, p.bits, pdl, stream)); !s.ok()) {
       return s;
     }
   }
   if (t.up.q != nullptr) {
-    const DequantArgs<T> a{t.up, R, W, p.block_size, up_weight, W, R * W};
+    const DequantArgs<T> a{t.up, R, W, p.block_size, up_weight, W, W, R * W};
     if (auto s = HcCudaStatus("HcNBitsDequantKernel (up)", LaunchDequant(a, p.bits, pdl, stream)); !s.ok()) return s;
   }
   // the dense general path's norm kernel without its inject (down_inject's product has inject's columns)
@@ -269,13 +271,11 @@ HcLaunchStatus LaunchHcNBitsGemm(const HcNBitsParams& p, const HcNBitsTensors<T>
   NormLaunch norm_launch;
   if (auto s = HcCudaStatus("norm kernel", LaunchNormInject<T>(norm, caps, stream, &norm_launch)); !s.ok()) return s;
 
-  // each term's matrix of down_inject: the dequantized terms, or the dense weight
-  auto di_term = [&](int64_t term) -> const T* {
-    return t.down_inject.q != nullptr ? di_weight + term * l.di_term_stride : t.down_inject.dense;
-  };
+  // down_inject's product: [hn] @ [w_hi | w_lo], or the dense weight
+  const T* di_matrix = t.down_inject.q != nullptr ? di_weight : t.down_inject.dense;
   static const char* const kDownStep = "cuBLASLt GEMM hn @ down_inject (split K)";
-  bool down_lt = false;  // asked once with the base pointers: every chunk and term takes the same route
-  if (auto s = HcCublasStatus(kDownStep, gemm.AvailableSplit<T>(hn, di_term(0), partial, l.di_ld, W, range.splits,
+  bool down_lt = false;  // asked once with the base pointers: every chunk takes the same route
+  if (auto s = HcCublasStatus(kDownStep, gemm.AvailableSplit<T>(hn, di_matrix, partial, l.di_n, W, range.splits,
                                                                  &down_lt, range.split_plan_rows));
       !s.ok()) {
     return s;
@@ -283,17 +283,13 @@ HcLaunchStatus LaunchHcNBitsGemm(const HcNBitsParams& p, const HcNBitsTensors<T>
   unsigned reduce_grid = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += l.chunk_rows) {
     const int64_t rc = std::min(l.chunk_rows, rows - r0);
-    const int64_t stride = HcPartialStride(rc, l.di_ld);
-    for (int64_t term = 0; term < l.di_terms; ++term) {
-      float* term_partial = partial + term * range.splits * stride;
-      if (auto s = HcSplitGemm<T>(kDownStep, gemm, down_lt, hn + r0 * W, di_term(term), term_partial, rc, l.di_ld, W,
-                                  range.splits, range.split_plan_rows, workspace, stream);
-          !s.ok()) {
-        return s;
-      }
+    if (auto s = HcSplitGemm<T>(kDownStep, gemm, down_lt, hn + r0 * W, di_matrix, partial, rc, l.di_n, W,
+                                range.splits, range.split_plan_rows, workspace, stream);
+        !s.ok()) {
+      return s;
     }
-    const ReduceArgs<T> reduce{partial, stride, l.di_terms * range.splits, l.di_ld, rc, R, C,
-                               hidden + r0 * l.up_terms * R, l.up_terms, t.post_gate + r0 * C,
+    const ReduceArgs<T> reduce{partial, HcPartialStride(rc, l.di_n), range.splits, l.di_n, rc, R, C, l.di_terms,
+                               l.di_ld, hidden + r0 * l.up_terms * R, l.up_terms, t.post_gate + r0 * C,
                                m.silu_alpha, m.gate_div, m.gate_mul};
     reduce_grid = GridFor(rc * N, kReduceThreads);
     if (auto s = HcCudaStatus("HcNBitsGemmReduceKernel", Launch(HcNBitsGemmReduceKernel<T>, reduce_grid, kReduceThreads,
@@ -314,8 +310,8 @@ HcLaunchStatus LaunchHcNBitsGemm(const HcNBitsParams& p, const HcNBitsTensors<T>
     const auto ll = [](int64_t v) { return static_cast<long long>(v); };
     std::fprintf(stderr,
                  "hcfuse: HyperConnectionLowRankMixNBits GEMM route (%s range) rows=%lld: %s grid %u x %d; "
-                 "down_inject %s (%lld term%s), split into %lld K slices (%s, planned at %lld rows) in chunks of %lld rows, "
-                 "HcNBitsGemmReduceKernel grid %u x %d (last chunk); up %s (%lld term%s, K = %lld), %s\n",
+                 "down_inject %s (%lld term%s), split into %lld K slices (%s, planned at %lld rows) in chunks of "
+                 "%lld rows, HcNBitsGemmReduceKernel grid %u x %d (last chunk); up %s (%lld term%s, K = %lld), %s\n",
                  range.name, ll(rows), norm_launch.kernel, norm_launch.blocks, norm_launch.threads,
                  t.down_inject.q != nullptr ? "dequantized" : "dense", ll(l.di_terms),
                  l.di_terms > 1 ? "s" : "", ll(range.splits), down_lt ? "cuBLASLt" : "fallback kernel",
