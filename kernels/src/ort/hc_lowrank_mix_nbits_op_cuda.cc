@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -27,6 +28,24 @@
 
 namespace hcfuse {
 namespace {
+
+#if defined(HCFUSE_DEV_KNOBS)
+// HCFUSE_NBITS_GEMM_MIN_ROWS (a benchmark switch, compiled in only with the CMake option HCFUSE_DEV_KNOBS): the
+// rows from which the general path takes the GEMM route, for measuring where it overtakes the CUDA-core kernels.
+// Both routes meet the contract; their last bits may differ.
+int64_t ReadGemmMinRows() {
+  const char* value = std::getenv("HCFUSE_NBITS_GEMM_MIN_ROWS");
+  if (value == nullptr || *value == '\0') return cuda::kHcNBitsGemmMinRows;
+  char* end = nullptr;
+  const long long parsed = std::strtoll(value, &end, 10);
+  if (*end != '\0' || parsed < 1) {
+    throw Ort::Exception(std::string(kNBitsOpName) + ": HCFUSE_NBITS_GEMM_MIN_ROWS must be an integer >= 1; got '" +
+                             value + "'",
+                         ORT_INVALID_ARGUMENT);
+  }
+  return parsed;
+}
+#endif
 
 template <typename T>
 struct NBitsCudaKernel {
@@ -45,6 +64,9 @@ struct NBitsCudaKernel {
     fast_weights_constant_ = options_.down_inject_constant && options_.up_constant &&
                              InputsAreConstant(api, info, kNormScale, kNormScale + 1);
     gemm_options_.pdl = options_.pdl;
+#if defined(HCFUSE_DEV_KNOBS)
+    gemm_options_.min_rows = ReadGemmMinRows();
+#endif
     if constexpr (std::is_same_v<S, __half>) {
       // a quantized projection's scales (the input after its B); a dense projection has none
       auto in_range = [&](size_t weight) {

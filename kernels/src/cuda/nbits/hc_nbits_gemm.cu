@@ -210,9 +210,7 @@ Layout MakeLayout(const HcNBitsParams& p, const HcNBitsTensors<T>& t, const HcDe
 
 template <typename T>
 std::string HcNBitsGemmRefusal(const HcNBitsParams& p, const HcNBitsTensors<T>& t, const HcNBitsGemmOptions& options) {
-  if (p.mix.rows < kHcNBitsGemmMinRows) {
-    return "fewer than " + std::to_string(kHcNBitsGemmMinRows) + " rows";
-  }
+  if (p.mix.rows < options.min_rows) return "fewer than " + std::to_string(options.min_rows) + " rows";
   if constexpr (!std::is_same_v<T, float>) {
     if (t.down_inject.zero_points_t != nullptr || t.up.zero_points_t != nullptr) {
       return "zero points of T (such a weight is not the sum of two T values)";

@@ -25,13 +25,14 @@ inline constexpr int64_t kHcNBitsGemmMinRows = 64;
 
 struct HcNBitsGemmOptions {
   bool pdl = false;  // the route's own kernels launch with programmatic dependent launch (sm_90)
+  int64_t min_rows = kHcNBitsGemmMinRows;  // another value only in developer builds (HCFUSE_NBITS_GEMM_MIN_ROWS)
   // float16 only: every quantized weight is known to lie in float16's range (|scale| * (2^bits - 1) <= 65504
   // for every scale: the glue reads constant scales once). Without it a weight could round to infinity.
   bool float16_weights_in_range = false;
 };
 
 // Why the GEMM route cannot run this call; empty when it can. It takes every form but these: fewer than
-// kHcNBitsGemmMinRows rows; 16-bit T with zero points of T (their weights are not a sum of two T values);
+// options.min_rows rows; 16-bit T with zero points of T (their weights are not a sum of two T values);
 // float16 whose weights are not known to be in range.
 template <typename T>
 std::string HcNBitsGemmRefusal(const HcNBitsParams& params, const HcNBitsTensors<T>& tensors,
