@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,23 @@ inline bool Float16ScalesInRange(const OrtKernelInfo* info, size_t index, int64_
   }
   return true;
 }
+
+#if defined(HCFUSE_DEV_KNOBS)
+// A developer build's integer switch `name`: empty where it is unset or empty, else its value, an Ort::Exception
+// naming op_name and the switch for anything but an integer >= min.
+inline std::optional<long long> ReadIntegerSwitch(const char* name, long long min, const char* op_name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long long parsed = std::strtoll(value, &end, 10);
+  if (*end != '\0' || parsed < min) {
+    throw Ort::Exception(std::string(op_name) + ": " + name + " must be an integer >= " + std::to_string(min) +
+                             "; got '" + value + "'",
+                         ORT_INVALID_ARGUMENT);
+  }
+  return parsed;
+}
+#endif
 
 // HCFUSE_DEBUG set to anything but empty or "0": the kernels print what they run to stderr (read when a
 // kernel is created).

@@ -4,8 +4,8 @@
 // kernels (cuda/fast/hc_fast_path.h: float16 and bfloat16, 4 bits, both projections quantized, no zero points
 // of T, block_size >= 32, decode-sized row counts, the shapes HcFastPlanFor takes) or else the general path: the
 // GEMM route from 64 rows where it can run the call (cuda/nbits/hc_nbits_gemm.h), else the CUDA-core quantized
-// kernels (cuda/nbits/hc_nbits_cuda.h). HCFUSE_FORCE_PATH=general|fast pins the path. It never synchronizes the host and keeps no state beyond the node's attributes and device, so
-// the op is CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch; a product
+// kernels (cuda/nbits/hc_nbits_cuda.h). HCFUSE_FORCE_PATH=general|fast pins the path. It never synchronizes the
+// host and keeps no state beyond the node's attributes and device, so the op is CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch; a product
 // reads its quantized weight before the kernel before it has ended only where B, scales and zero points are
 // constant initializers (never written), everything else after.
 #include "ort/hc_lowrank_mix_nbits_op_cuda.h"
@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -28,24 +27,6 @@
 
 namespace hcfuse {
 namespace {
-
-#if defined(HCFUSE_DEV_KNOBS)
-// HCFUSE_NBITS_GEMM_MIN_ROWS (a benchmark switch, compiled in only with the CMake option HCFUSE_DEV_KNOBS): the
-// rows from which the general path takes the GEMM route, for measuring where it overtakes the CUDA-core kernels.
-// Both routes meet the contract; their last bits may differ.
-int64_t ReadGemmMinRows() {
-  const char* value = std::getenv("HCFUSE_NBITS_GEMM_MIN_ROWS");
-  if (value == nullptr || *value == '\0') return cuda::kHcNBitsGemmMinRows;
-  char* end = nullptr;
-  const long long parsed = std::strtoll(value, &end, 10);
-  if (*end != '\0' || parsed < 1) {
-    throw Ort::Exception(std::string(kNBitsOpName) + ": HCFUSE_NBITS_GEMM_MIN_ROWS must be an integer >= 1; got '" +
-                             value + "'",
-                         ORT_INVALID_ARGUMENT);
-  }
-  return parsed;
-}
-#endif
 
 template <typename T>
 struct NBitsCudaKernel {
@@ -65,7 +46,10 @@ struct NBitsCudaKernel {
                              InputsAreConstant(api, info, kNormScale, kNormScale + 1);
     gemm_options_.pdl = options_.pdl;
 #if defined(HCFUSE_DEV_KNOBS)
-    gemm_options_.min_rows = ReadGemmMinRows();
+    // a benchmark switch: the rows from which the general path takes the GEMM route (both routes meet the
+    // contract; their last bits may differ)
+    gemm_options_.min_rows =
+        ReadIntegerSwitch("HCFUSE_NBITS_GEMM_MIN_ROWS", 1, kNBitsOpName).value_or(cuda::kHcNBitsGemmMinRows);
 #endif
     if constexpr (std::is_same_v<S, __half>) {
       // a quantized projection's scales (the input after its B); a dense projection has none

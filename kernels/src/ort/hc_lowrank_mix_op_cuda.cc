@@ -54,16 +54,7 @@ HcFastTuning ReadFastTuning() {
                              std::pair{"HCFUSE_FAST_HIDDEN_LOCAL_ROWS", &tuning.hidden_local_max_rows},
                              std::pair{"HCFUSE_FAST_AHEAD", &tuning.kernels_ahead},
                              std::pair{"HCFUSE_FAST_STAGE2_CTAS", &tuning.stage2_max_ctas}}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    char* end = nullptr;
-    const long long parsed = std::strtoll(value, &end, 10);
-    if (*end != '\0' || parsed < 0) {
-      throw Ort::Exception(std::string(kOpName) + ": " + name + " must be an integer >= 0; got '" +
-                               value + "'",
-                           ORT_INVALID_ARGUMENT);
-    }
-    *field = parsed;
+    if (const std::optional<long long> value = ReadIntegerSwitch(name, 0, kOpName)) *field = *value;
   }
   if (const std::optional<bool> value = ReadZeroOrOne("HCFUSE_FAST_REAL_SHAPE")) tuning.real_shape_kernels = *value;
   return tuning;

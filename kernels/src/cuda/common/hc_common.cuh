@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 
@@ -15,6 +16,11 @@ namespace cuda {
 
 // Grid cap of the kernels that loop over rows or row groups: any row count fits the grid's limits.
 constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
+
+// Every part of a launcher's device scratch starts this many bytes past the base (a multiple).
+inline constexpr size_t kScratchAlign = 256;
+inline size_t AlignUp(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // One kernel launch with its cluster size (1: none) and programmatic stream serialization (use_pdl:
 // the kernel may start before the previous one on the stream ends, so it calls ptx::WaitOnProducer

@@ -71,8 +71,6 @@ constexpr int64_t kMaxChunkRows = 1024;
 constexpr int64_t kMaxPrefillChunkRows = 4096;
 constexpr int64_t kPartialBudgetBytes = int64_t{64} << 20;
 
-constexpr size_t kScratchAlign = 256;
-size_t AlignUp(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
 
 template <typename T>

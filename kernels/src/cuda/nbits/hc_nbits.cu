@@ -40,10 +40,6 @@ constexpr int kChunksPerSlice = kSliceK / kChunkK;
 // k of hidden the fused up kernel stages at a time (a multiple of kSliceK; 16 KB at 8 rows)
 constexpr int kUpStageK = 4 * kSliceK;
 constexpr int64_t kMaxGrid = int64_t{1} << 20;  // grid cap of the grid-stride kernels
-constexpr size_t kScratchAlign = 256;
-
-size_t AlignUp(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename T>
 struct NormArgs {
