@@ -33,9 +33,8 @@ struct NormLaunch {
 };
 
 // Writes streams_out (when not null), hn (rows x C*H) and post_gate (not without inject_weight) on `stream`;
-// rows > 0. S, hn,
-// inject and post_gate of a row are the same bits at every row count (one kernel and one order of
-// operations per shape, type and pointer alignment). Never synchronizes.
+// rows > 0. S, hn, inject and post_gate of a row are the same bits at every row count (one kernel and one order
+// of operations per shape, type and pointer alignment). Never synchronizes.
 template <typename T>
 cudaError_t LaunchNormInject(const NormArgs<T>& a, const HcDeviceCaps& caps, cudaStream_t stream, NormLaunch* info);
 

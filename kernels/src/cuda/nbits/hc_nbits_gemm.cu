@@ -35,18 +35,17 @@ constexpr int kDequantThreads = 256;
 constexpr int kDequantK = 32;  // k of one column a thread dequantizes: 16 bytes at 4 bits, 32 at 8
 constexpr int kReduceThreads = 256;
 constexpr int64_t kMaxGrid = int64_t{1} << 16;  // grid cap of the grid-stride kernels
-constexpr size_t kScratchAlign = 256;
 
-size_t AlignUp(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 unsigned GridFor(int64_t items, int per_block) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(items, per_block), kMaxGrid)));
 }
 
-// The terms of a projection: 2 for a quantized one in 16-bit T, else 1.
+// The terms of a quantized projection: 2 in 16-bit T, 1 in float32; a dense one is 1 (used in place).
+template <typename T>
+constexpr int kQuantizedTerms = std::is_same_v<T, float> ? 1 : 2;
 template <typename T>
 int Terms(const HcNBitsProjection<T>& w) {
-  return w.q != nullptr && !std::is_same_v<T, float> ? 2 : 1;
+  return w.q != nullptr ? kQuantizedTerms<T> : 1;
 }
 
 template <typename T>
@@ -115,7 +114,7 @@ template <typename T>
 cudaError_t LaunchDequant(const DequantArgs<T>& a, int64_t bits, bool pdl, cudaStream_t stream) {
   const int64_t warps = CeilDiv(a.ld, 32) * CeilDiv(a.K, kDequantK);
   const unsigned grid = GridFor(warps, kDequantThreads / 32);
-  constexpr int kTerms = std::is_same_v<T, float> ? 1 : 2;
+  constexpr int kTerms = kQuantizedTerms<T>;
   return bits == 8 ? Launch(HcNBitsDequantKernel<T, 8, kTerms>, grid, kDequantThreads, 0, 1, pdl, stream, a)
                    : Launch(HcNBitsDequantKernel<T, 4, kTerms>, grid, kDequantThreads, 0, 1, pdl, stream, a);
 }
@@ -142,10 +141,10 @@ __global__ void __launch_bounds__(kReduceThreads) HcNBitsGemmReduceKernel(Reduce
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = i / N, n = i - row * N;
     float acc = 0.0f;
-#pragma unroll 8
     for (int64_t t = 0; t < a.terms; ++t) {
       const float* partial = a.partial + row * a.ld + t * a.term_offset + n;
-      for (int64_t b = 0; b < a.slices; ++b) acc = __fadd_rn(acc, partial[b * a.stride]);
+#pragma unroll 8
+      for (int64_t b = 0; b < a.slices; ++b) acc = __fadd_rn(acc, partial[b * a.stride]);  // 8 slices' loads in flight
     }
     const float sum = RoundToT<T>(acc);
     if (n < a.R) {
