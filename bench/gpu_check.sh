@@ -78,9 +78,10 @@ fi
 # and 96; HcNormInjectResidentKernel: H = 768 and the four variants of H = 512), both up/gate routes.
 fast_tests=${SANITIZE_FAST:-(small_shapes and 7-4 and bf16) or (real_shape_matches_reference and prologue-3-bf16)}
 general_tests=${SANITIZE_GENERAL:-awkward and bf16 and (4-129-512 or 4-96-16 or 4-768-40) or variants and bf16}
-# the quantized op's kernels (HcNBits*): every zero-point form and bits, a block past the slice, C = 9, two
-# chunks of rows (300) with the prologue and streams_out, the real shape
-nbits_tests=${SANITIZE_NBITS:-(test_forms and both and bfloat16) or (test_forms and both-T-4-float32) or (block_sizes and packed-8-256-bfloat16) or (odd_shapes and 9-16-8-bfloat16) or (prologue_outputs and (17-3-out-prologue-bfloat16 or 3x100-3-out-prologue-float16)) or (test_real_shape and bfloat16-3)}
+# the quantized op's general kernels (HcNBits*, and the dense norm kernel HcNormInject* its GEMM route runs): every
+# zero-point form and bits, a block past the slice, C = 9, two chunks of rows (300) with the prologue and
+# streams_out, the real shape; the GEMM route's forms and its largest block
+nbits_tests=${SANITIZE_NBITS:-(test_forms and both and bfloat16) or (test_forms and both-T-4-float32) or (block_sizes and packed-8-256-bfloat16) or (odd_shapes and 9-16-8-bfloat16) or (prologue_outputs and (17-3-out-prologue-bfloat16 or 3x100-3-out-prologue-float16)) or (test_real_shape and bfloat16-3) or (gemm_route_forms and both and bfloat16) or (gemm_route_block_sizes and 4-1024-float16)}
 # sanitize NAME CAP KERNELS TEST_FILE TESTS: the three tools over the tests' kernels whose names start with KERNELS.
 # racecheck runs without a kernel filter where RACE_UNFILTERED is set: with one (even one no kernel matches) it
 # fails on the general path's tests with "Internal Sanitizer Error: failed to handle a hardware exception" (H200,
@@ -98,6 +99,6 @@ sanitize() {
 if step sanitize; then
   sanitize fast 40 HcFast tests/kernels/test_fast_path_cuda.py "$fast_tests"
   RACE_UNFILTERED=1 sanitize general 60 Hc tests/kernels/test_prefill_cuda.py "$general_tests"
-  RACE_UNFILTERED=1 sanitize nbits 60 HcNBits tests/kernels/test_nbits_cuda.py "$nbits_tests"
+  RACE_UNFILTERED=1 sanitize nbits 90 HcN tests/kernels/test_nbits_cuda.py "$nbits_tests"
 fi
 stamp done
