@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -21,6 +22,13 @@ constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;
 inline constexpr size_t kScratchAlign = 256;
 inline size_t AlignUp(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 __host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Grid cap of the kernels that loop over elements (grid-stride; rows: kMaxRowBlocks).
+constexpr int64_t kMaxGridStrideBlocks = int64_t{1} << 16;
+// Blocks of a grid-stride kernel over `items`, `per_block` of them a block a pass: at least 1, at most the cap.
+inline unsigned GridStrideBlocks(int64_t items, int64_t per_block) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(items, per_block), kMaxGridStrideBlocks)));
+}
 
 // One kernel launch with its cluster size (1: none) and programmatic stream serialization (use_pdl:
 // the kernel may start before the previous one on the stream ends, so it calls ptx::WaitOnProducer

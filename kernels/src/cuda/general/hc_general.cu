@@ -62,8 +62,6 @@ constexpr int kTableEpilogueThreads = 512;
 constexpr int kTableBlocksPerSm = 2;
 constexpr int kTableEpilogueBranches = 2;
 constexpr int64_t kTableMinRows = kHcLongPrefillMinRows;
-// Grid cap of the element-wise kernels, which loop over elements (rows: kMaxRowBlocks, hc_common.cuh).
-constexpr int64_t kMaxElementwiseBlocks = int64_t{1} << 16;
 
 // Row chunks of a split product (HcSplitChunkRows).
 constexpr int64_t kChunkRowsMultiple = 128;
@@ -244,11 +242,7 @@ int ReduceVec(int64_t count, size_t hidden_align_elements) {
   return 1;
 }
 
-// Widest vector (16 bytes at most) that divides H and fits the alignment of every pointer given.
-unsigned ElementwiseBlocks(int64_t count) {
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min((count + kElementwiseThreads - 1) / kElementwiseThreads, kMaxElementwiseBlocks)));
-}
+unsigned ElementwiseBlocks(int64_t count) { return GridStrideBlocks(count, kElementwiseThreads); }
 
 // One plain GEMM of the general path (out rounded to T): cuBLASLt's pinned algorithm, or the fallback
 // kernel where there is none.

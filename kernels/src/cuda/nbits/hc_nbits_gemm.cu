@@ -34,11 +34,6 @@ namespace {
 constexpr int kDequantThreads = 256;
 constexpr int kDequantK = 32;  // k of one column a thread dequantizes: 16 bytes at 4 bits, 32 at 8
 constexpr int kReduceThreads = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 16;  // grid cap of the grid-stride kernels
-
-unsigned GridFor(int64_t items, int per_block) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(CeilDiv(items, per_block), kMaxGrid)));
-}
 
 // The terms of a quantized projection: 2 in 16-bit T, 1 in float32; a dense one is 1 (used in place).
 template <typename T>
@@ -113,7 +108,7 @@ __global__ void __launch_bounds__(kDequantThreads) HcNBitsDequantKernel(DequantA
 template <typename T>
 cudaError_t LaunchDequant(const DequantArgs<T>& a, int64_t bits, bool pdl, cudaStream_t stream) {
   const int64_t warps = CeilDiv(a.ld, 32) * CeilDiv(a.K, kDequantK);
-  const unsigned grid = GridFor(warps, kDequantThreads / 32);
+  const unsigned grid = GridStrideBlocks(warps, kDequantThreads / 32);
   constexpr int kTerms = kQuantizedTerms<T>;
   return bits == 8 ? Launch(HcNBitsDequantKernel<T, 8, kTerms>, grid, kDequantThreads, 0, 1, pdl, stream, a)
                    : Launch(HcNBitsDequantKernel<T, 4, kTerms>, grid, kDequantThreads, 0, 1, pdl, stream, a);
@@ -288,7 +283,7 @@ HcLaunchStatus LaunchHcNBitsGemm(const HcNBitsParams& p, const HcNBitsTensors<T>
     const ReduceArgs<T> reduce{partial, HcPartialStride(rc, l.di_n), range.splits, l.di_n, rc, R, C, l.di_terms,
                                l.di_ld, hidden + r0 * l.up_terms * R, l.up_terms, t.post_gate + r0 * C,
                                m.silu_alpha, m.gate_div, m.gate_mul};
-    reduce_grid = GridFor(rc * N, kReduceThreads);
+    reduce_grid = GridStrideBlocks(rc * N, kReduceThreads);
     if (auto s = HcCudaStatus("HcNBitsGemmReduceKernel", Launch(HcNBitsGemmReduceKernel<T>, reduce_grid, kReduceThreads,
                                                                  0, 1, pdl, stream, reduce));
         !s.ok()) {
