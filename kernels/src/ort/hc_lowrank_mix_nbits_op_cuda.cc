@@ -5,9 +5,11 @@
 // of T, block_size >= 32, decode-sized row counts, the shapes HcFastPlanFor takes) or else the general path: the
 // GEMM route from 64 rows where it can run the call (cuda/nbits/hc_nbits_gemm.h), else the CUDA-core quantized
 // kernels (cuda/nbits/hc_nbits_cuda.h). HCFUSE_FORCE_PATH=general|fast pins the path. It never synchronizes the
-// host and keeps no state beyond the node's attributes and device, so the op is CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch; a product
-// reads its quantized weight before the kernel before it has ended only where B, scales and zero points are
-// constant initializers (never written), everything else after.
+// host during a call (float16 scales are read once, when the kernel is created) and keeps no process-wide state:
+// the node's attributes, device and the GEMM route's cuBLASLt plans live in the kernel instance, so the op is
+// CUDA-graph capturable. On sm_90 the kernels launch with programmatic dependent launch; a product reads its
+// quantized weight before the kernel before it has ended only where B, scales and zero points are constant
+// initializers (never written), everything else after.
 #include "ort/hc_lowrank_mix_nbits_op_cuda.h"
 
 #include <cuda_runtime.h>
